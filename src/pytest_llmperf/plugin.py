@@ -1,0 +1,1 @@
+"""pytest-llmperf plugin (hooks, fixtures, options)."""

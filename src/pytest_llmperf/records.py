@@ -1,0 +1,133 @@
+"""What one request looked like from the client: the raw material every metric is computed from.
+
+All times are seconds on the client's monotonic clock (``time.perf_counter()``), relative to the
+run's origin ``t0`` so records from one run (and from several worker processes sharing one
+origin) can be merged and sorted without conversion.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# Error kinds a record can carry. "cancelled" is not a server fault: the request was still in
+# flight at the run's hard deadline. It still counts against goodput and attainment (a request
+# that never finished did not meet its SLO) but is reported apart from errors.
+ERROR_KINDS = (
+    "http_4xx",
+    "http_429",
+    "http_5xx",
+    "connect",
+    "timeout",
+    "disconnect",
+    "malformed",
+    "not_stream",
+    "cancelled",
+    "client",
+)
+
+PHASE_WARMUP = "warmup"
+PHASE_MEASURE = "measure"
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """One request, as observed by the streaming client.
+
+    ``scheduled_s`` is when the load generator *meant* to send the request (open loop: the arrival
+    time drawn from the arrival process; closed loop: when a slot became free). ``sent_s`` is when
+    it actually went out. Latencies are measured from ``scheduled_s`` so a lagging client cannot
+    hide queueing (coordinated omission); the gap is kept as ``dispatch_lag_s`` for validity checks.
+
+    ``chunk_times_s`` holds one timestamp per streamed chunk that carried generated text or
+    reasoning, and ``chunk_tokens`` the number of output tokens attributed to that chunk (from
+    per-chunk usage when the server sends it, else the final usage spread evenly over chunks).
+    """
+
+    index: int
+    phase: str = PHASE_MEASURE
+    request_type: str = "default"
+    scheduled_s: float = 0.0
+    sent_s: float = 0.0
+    end_s: float | None = None
+    first_token_s: float | None = None
+    first_visible_s: float | None = None
+    chunk_times_s: list[float] = field(default_factory=list)
+    chunk_tokens: list[float] = field(default_factory=list)
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    cached_tokens: int | None = None
+    # "usage" when token counts came from the server's usage block, "counted" when the server sent
+    # none and the client had to count chunks (marked so a reader knows the counts are estimates).
+    token_source: str = "usage"
+    ok: bool = False
+    error_kind: str | None = None
+    error_detail: str | None = None
+    status_code: int | None = None
+    # Server-side timestamps stamped into chunks (simulator only; used to measure client error).
+    server_chunk_times_s: list[float] | None = None
+
+    @property
+    def dispatch_lag_s(self) -> float:
+        return self.sent_s - self.scheduled_s
+
+    @property
+    def ttft_s(self) -> float | None:
+        """Time to first token: scheduled send -> first chunk carrying text or reasoning."""
+        if self.first_token_s is None:
+            return None
+        return self.first_token_s - self.scheduled_s
+
+    @property
+    def ttfvt_s(self) -> float | None:
+        """Time to first visible token: scheduled send -> first chunk of visible content."""
+        if self.first_visible_s is None:
+            return None
+        return self.first_visible_s - self.scheduled_s
+
+    @property
+    def e2e_s(self) -> float | None:
+        """End-to-end latency: scheduled send -> last chunk (or the response end)."""
+        if self.end_s is None:
+            return None
+        return self.end_s - self.scheduled_s
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Time per output token = (E2E - TTFT) / (output_tokens - 1); None below 2 tokens."""
+        ttft, e2e = self.ttft_s, self.e2e_s
+        if ttft is None or e2e is None or not self.output_tokens or self.output_tokens < 2:
+            return None
+        return (e2e - ttft) / (self.output_tokens - 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}  # type: ignore[attr-defined]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RequestRecord":
+        known = set(cls.__slots__)  # type: ignore[attr-defined]
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass(slots=True)
+class PreparedRequest:
+    """A request ready to send: the prompt text and generation limits, engine-neutral.
+
+    The client turns it into the JSON body of ``/v1/chat/completions`` (``api="chat"``: one user
+    message holding ``prompt``) or ``/v1/completions`` (``api="completions"``), adding the model
+    name, ``stream`` and ``stream_options``. ``extra_body`` carries engine-specific fields
+    (``ignore_eos``, ``min_tokens``, a ``logit_bias``...) chosen by the server preset.
+    """
+
+    index: int
+    prompt: str
+    max_tokens: int
+    api: str = "chat"
+    request_type: str = "default"
+    phase: str = PHASE_MEASURE
+    prompt_tokens_expected: int | None = None
+    ignore_eos: bool = True
+    min_tokens: int | None = None
+    sampling: dict[str, Any] = field(default_factory=dict)
+    extra_body: dict[str, Any] = field(default_factory=dict)
