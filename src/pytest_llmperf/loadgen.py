@@ -1,0 +1,292 @@
+"""The load generator: sends a workload's requests on schedule and collects their records.
+
+Open loop (``rate_rps``): arrival times are drawn from the arrival process up front and each request
+is *scheduled* at its arrival time whether or not earlier requests finished; latencies are measured
+from that scheduled time, so a client or server that falls behind shows up as latency instead of
+silently lowering the offered load (coordinated omission). Closed loop (``concurrency``): C workers
+each send the next request as soon as their previous one ends; there the scheduled time is the
+moment a slot became free.
+
+Phases: the first requests (``warmup_requests``) and those scheduled in the first ``warmup_s`` form the
+warm-up; they run at the same load and are recorded with ``phase="warmup"``. The measurement phase
+follows, bounded by ``duration_s`` and/or ``num_requests`` (whichever ends first). After the last
+arrival, in-flight requests get ``drain_s`` (default: the per-request timeout) to finish; whatever is
+still running then is cancelled and recorded as ``cancelled``: it never just disappears.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+import numpy as np
+
+from .arrivals import arrival_times
+from .records import PHASE_MEASURE, PHASE_WARMUP, PreparedRequest, RequestRecord
+from .workload import Workload
+
+SendFn = Callable[[PreparedRequest, RequestRecord], Awaitable[RequestRecord]]
+MakeFn = Callable[[int, str], PreparedRequest]
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A snapshot for progress displays, taken every ``progress_interval_s``."""
+
+    elapsed_s: float
+    phase: str
+    sent: int
+    completed: int
+    failed: int
+    in_flight: int
+    ttft_p95_s: float | None
+
+
+@dataclass
+class LoadOutcome:
+    records: list[RequestRecord]
+    measure_start_s: float
+    arrivals_end_s: float
+    end_s: float
+    loop_lag_max_s: float
+    loop_lag_p99_s: float
+    cancelled: int
+
+    @property
+    def window_s(self) -> tuple[float, float]:
+        """Measurement window: first measured schedule to the last measured response end."""
+        ends = [r.end_s for r in self.records if r.phase == PHASE_MEASURE and r.end_s is not None]
+        end = max(ends) if ends else self.end_s
+        return (self.measure_start_s, max(end, self.arrivals_end_s))
+
+
+class _LoopLagMonitor:
+    """Measures how late the event loop wakes up: a busy client loop delays every timestamp."""
+
+    def __init__(self, interval_s: float = 0.005) -> None:
+        self.interval_s = interval_s
+        self.samples: list[float] = []
+
+    async def run(self) -> None:
+        while True:
+            start = time.perf_counter()
+            await asyncio.sleep(self.interval_s)
+            self.samples.append(max(0.0, time.perf_counter() - start - self.interval_s))
+
+    def stats(self) -> tuple[float, float]:
+        if not self.samples:
+            return 0.0, 0.0
+        arr = np.asarray(self.samples)
+        return float(arr.max()), float(np.percentile(arr, 99))
+
+
+class LoadGenerator:
+    """Runs one trial of a workload. ``make(index, phase)`` builds the request, ``send`` streams it.
+
+    ``clock()`` returns seconds since the run's origin (the same origin the client stamps chunks
+    with), so every time in the records shares one axis.
+    """
+
+    def __init__(
+        self,
+        workload: Workload,
+        make: MakeFn,
+        send: SendFn,
+        *,
+        clock: Callable[[], float],
+        progress: Callable[[Progress], None] | None = None,
+        progress_interval_s: float = 2.0,
+    ) -> None:
+        self.workload = workload
+        self.make = make
+        self.send = send
+        self.clock = clock
+        self.progress = progress
+        self.progress_interval_s = progress_interval_s
+        self.records: list[RequestRecord] = []
+        self._tasks: dict[asyncio.Task, RequestRecord] = {}
+        self._measure_start_s: float | None = None
+        self._measured = 0
+
+    # ------------------------------------------------------------------ phase bookkeeping
+
+    def _phase_for(self, index: int, offset_s: float) -> str:
+        w = self.workload
+        if index < w.warmup_requests or offset_s < w.warmup_s:
+            return PHASE_WARMUP
+        return PHASE_MEASURE
+
+    def _measurement_open(self, now_s: float) -> bool:
+        w = self.workload
+        if w.num_requests is not None and self._measured >= w.num_requests:
+            return False
+        if w.duration_s is not None and self._measure_start_s is not None:
+            return now_s < self._measure_start_s + w.duration_s
+        return True
+
+    def _new_record(self, index: int, phase: str, scheduled_s: float) -> tuple[PreparedRequest, RequestRecord]:
+        request = self.make(index, phase)
+        record = RequestRecord(index=index, phase=phase, request_type=request.request_type,
+                               scheduled_s=scheduled_s, sent_s=scheduled_s)
+        if phase == PHASE_MEASURE:
+            if self._measure_start_s is None:
+                self._measure_start_s = scheduled_s
+            self._measured += 1
+        self.records.append(record)
+        return request, record
+
+    async def _guarded_send(self, request: PreparedRequest, record: RequestRecord) -> None:
+        try:
+            await self.send(request, record)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a client bug must not kill the run; it is recorded instead
+            record.ok = False
+            record.error_kind = "client"
+            record.error_detail = f"{type(exc).__name__}: {exc}"[:300]
+            if record.end_s is None:
+                record.end_s = self.clock()
+
+    def _spawn(self, request: PreparedRequest, record: RequestRecord) -> asyncio.Task:
+        task = asyncio.create_task(self._guarded_send(request, record))
+        self._tasks[task] = record
+        task.add_done_callback(self._tasks.pop)  # type: ignore[arg-type]
+        return task
+
+    # ------------------------------------------------------------------ arrival loops
+
+    async def _open_loop(self, start_s: float) -> None:
+        w = self.workload
+        assert w.rate_rps is not None
+        for index, offset in enumerate(arrival_times(w.arrival, w.rate_rps, w.burstiness, w.seed)):
+            phase = self._phase_for(index, offset)
+            scheduled = start_s + offset
+            if phase == PHASE_MEASURE and not self._measurement_open(scheduled):
+                return
+            delay = scheduled - self.clock()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            request, record = self._new_record(index, phase, scheduled)
+            self._spawn(request, record)
+
+    async def _closed_loop(self, start_s: float) -> None:
+        w = self.workload
+        assert w.concurrency is not None
+        counter = iter(range(1 << 62))
+
+        async def worker() -> None:
+            while True:
+                now = self.clock()
+                index = next(counter)
+                phase = self._phase_for(index, now - start_s)
+                if phase == PHASE_MEASURE and not self._measurement_open(now):
+                    return
+                request, record = self._new_record(index, phase, now)
+                await self._guarded_send(request, record)
+
+        workers = [asyncio.create_task(worker()) for _ in range(w.concurrency)]
+        try:
+            await asyncio.gather(*workers)
+        finally:
+            for task in workers:
+                task.cancel()
+
+    # ------------------------------------------------------------------ progress
+
+    async def _report_progress(self, start_s: float) -> None:
+        assert self.progress is not None
+        while True:
+            await asyncio.sleep(self.progress_interval_s)
+            self.progress(self.snapshot(start_s))
+
+    def snapshot(self, start_s: float) -> Progress:
+        done = [r for r in self.records if r.end_s is not None]
+        measured_ttft = [r.ttft_s for r in done if r.ok and r.phase == PHASE_MEASURE and r.ttft_s is not None]
+        phase = PHASE_MEASURE if self._measure_start_s is not None else PHASE_WARMUP
+        return Progress(
+            elapsed_s=self.clock() - start_s,
+            phase=phase,
+            sent=len(self.records),
+            completed=sum(1 for r in done if r.ok),
+            failed=sum(1 for r in done if not r.ok),
+            in_flight=len(self.records) - len(done),
+            ttft_p95_s=float(np.percentile(measured_ttft, 95)) if measured_ttft else None,
+        )
+
+    # ------------------------------------------------------------------ the run
+
+    async def run(self) -> LoadOutcome:
+        w = self.workload
+        monitor = _LoopLagMonitor()
+        helpers = [asyncio.create_task(monitor.run())]
+        start_s = self.clock()
+        if self.progress is not None:
+            helpers.append(asyncio.create_task(self._report_progress(start_s)))
+        arrivals = asyncio.create_task(self._open_loop(start_s) if w.open_loop else self._closed_loop(start_s))
+        cancelled = 0
+        try:
+            drain_s = w.drain_s if w.drain_s is not None else w.timeout_s
+            if w.open_loop:
+                await arrivals
+                arrivals_end = self.clock()
+                pending = set(self._tasks)
+                if pending:
+                    await asyncio.wait(pending, timeout=drain_s)
+            else:
+                # Closed loop: the workers stop sending at the bound and wait for their own request;
+                # the drain deadline starts when the measurement window closes.
+                while not arrivals.done():
+                    window_closed = not self._measurement_open(self.clock())
+                    if window_closed:
+                        break
+                    await asyncio.wait({arrivals}, timeout=0.05)
+                arrivals_end = self.clock()
+                await asyncio.wait({arrivals}, timeout=drain_s)
+            cancelled = await self._cancel_in_flight(arrivals)
+        finally:
+            for task in helpers:
+                task.cancel()
+            if not arrivals.done():
+                arrivals.cancel()
+            await asyncio.gather(*helpers, arrivals, return_exceptions=True)
+            leftover = await self._cancel_in_flight(None)
+            cancelled += leftover
+        if self.progress is not None:
+            self.progress(self.snapshot(start_s))
+        lag_max, lag_p99 = monitor.stats()
+        measure_start = self._measure_start_s if self._measure_start_s is not None else arrivals_end
+        return LoadOutcome(
+            records=self.records,
+            measure_start_s=measure_start,
+            arrivals_end_s=arrivals_end,
+            end_s=self.clock(),
+            loop_lag_max_s=lag_max,
+            loop_lag_p99_s=lag_p99,
+            cancelled=cancelled,
+        )
+
+    async def _cancel_in_flight(self, arrivals: asyncio.Task | None) -> int:
+        """Cancel what is still running at the hard deadline and mark those records cancelled."""
+        if arrivals is not None and not arrivals.done():
+            arrivals.cancel()
+            await asyncio.gather(arrivals, return_exceptions=True)
+        unfinished = [r for r in self.records if r.end_s is None or (not r.ok and r.error_kind is None)]
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        now = self.clock()
+        count = 0
+        for record in unfinished:
+            if record.ok or record.error_kind not in (None, "cancelled"):
+                continue
+            record.ok = False
+            record.error_kind = "cancelled"
+            record.error_detail = "still in flight at the run's deadline"
+            if record.end_s is None:
+                record.end_s = now
+            count += 1
+        return count

@@ -1,0 +1,41 @@
+"""A RunResult as plain JSON-able data (the CLI's ``--json`` and the report dir build on it)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        to_dict = getattr(value, "to_dict", None)
+        return to_dict() if callable(to_dict) else dataclasses.asdict(value)
+    return value
+
+
+def run_result_to_dict(result: Any, *, include_records: bool = True) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "label": result.label,
+        "model": result.model,
+        "base_url": result.base_url,
+        "workload": result.workload.to_dict(),
+        "summary": result.summary.to_dict(),
+        "token_model": result.token_model,
+        "prompt_tokens_error": result.prompt_tokens_error,
+        "slo": result.slo.to_dict() if result.slo is not None else None,
+        "slo_checks": [_plain(c) for c in result.slo_checks],
+        "trials": [
+            {
+                "index": t.index,
+                "started_at": t.started_at,
+                "wall_s": t.wall_s,
+                "window_s": list(t.window_s),
+                "loop_lag_max_s": t.loop_lag_max_s,
+                "summary": t.summary.to_dict(),
+                "telemetry": t.telemetry,
+                **({"records": [r.to_dict() for r in t.records]} if include_records else {}),
+            }
+            for t in result.trials
+        ],
+    }
+    return out

@@ -1,0 +1,245 @@
+"""Run a workload against an OpenAI-compatible server: prompts -> load -> records -> Summary.
+
+This is the library entry point the pytest layer and the CLI share::
+
+    runner = Runner("http://127.0.0.1:8000/v1")
+    result = runner.run(Workload(input_tokens=256, output_tokens=128, rate_rps=4, duration_s=30))
+    print(result.summary.ttft_s.p95)
+
+A workload with ``trials=N`` runs N full trials (each with its own warm-up); statistics are kept per
+trial for the baseline comparison, and ``result.summary`` pools the trials' measured requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime as dt
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from .client import StreamingClient
+from .loadgen import LoadGenerator, Progress
+from .metrics import Summary, summarize
+from .prompts import PromptFactory, TokenModel, calibrate_with_tokenizer, estimated_model, fit_from_usage
+from .records import PHASE_MEASURE, PreparedRequest, RequestRecord
+from .slo import SLO
+from .workload import Workload
+
+
+class RunError(RuntimeError):
+    """The run could not start (server unreachable, model unknown); the message says why."""
+
+
+@dataclass
+class TrialResult:
+    index: int
+    records: list[RequestRecord]
+    summary: Summary
+    window_s: tuple[float, float]
+    loop_lag_max_s: float
+    started_at: str
+    wall_s: float
+    telemetry: dict[str, Any] | None = None
+    # What the prompt builder aimed for, per record; compared with the server's usage counts.
+    expected_prompt_tokens: list[int | None] = field(default_factory=list)
+
+    @property
+    def measured(self) -> list[RequestRecord]:
+        return [r for r in self.records if r.phase == PHASE_MEASURE]
+
+
+@dataclass
+class RunResult:
+    """Everything one ``run`` measured. ``summary`` pools all trials' measured requests."""
+
+    workload: Workload
+    model: str
+    base_url: str
+    trials: list[TrialResult]
+    summary: Summary
+    token_model: dict[str, Any]
+    slo: SLO | None = None
+    slo_checks: list[Any] = field(default_factory=list)
+    label: str = ""
+
+    @property
+    def records(self) -> list[RequestRecord]:
+        return [r for t in self.trials for r in t.records]
+
+    @property
+    def prompt_tokens_error(self) -> float | None:
+        """Mean relative gap between the prompt length asked for and the server's count."""
+        errs = [
+            abs(r.prompt_tokens - e) / e
+            for t in self.trials
+            for r, e in zip(t.records, t.expected_prompt_tokens)
+            if r.prompt_tokens and e
+        ]
+        return float(np.mean(errs)) if errs else None
+
+
+def pooled_summary(trials: list[TrialResult], slo: SLO | None) -> Summary:
+    """One Summary over several trials: each trial's times are shifted so the trials sit end to end,
+    which keeps throughput = tokens / (sum of windows) and Little's law meaningful."""
+    if len(trials) == 1:
+        return trials[0].summary
+    shifted: list[RequestRecord] = []
+    offset = 0.0
+    for trial in trials:
+        start, end = trial.window_s
+        delta = offset - start
+        for r in trial.records:
+            c = dataclasses.replace(r, chunk_times_s=[t + delta for t in r.chunk_times_s])
+            c.scheduled_s += delta
+            c.sent_s += delta
+            for name in ("end_s", "first_token_s", "first_visible_s"):
+                value = getattr(c, name)
+                if value is not None:
+                    setattr(c, name, value + delta)
+            shifted.append(c)
+        offset += end - start
+    lag = max(t.loop_lag_max_s for t in trials)
+    return summarize(shifted, slo=slo, window_s=(0.0, offset), loop_lag_max_s=lag)
+
+
+class Runner:
+    """Bound to one server; runs workloads against it."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        model: str | None = None,
+        api_key: str | None = None,
+        extra_body: dict[str, Any] | None = None,
+        send_ignore_eos: bool = True,
+        progress: Callable[[Progress], None] | None = None,
+        progress_interval_s: float = 2.0,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self._api_key = api_key
+        self.extra_body = dict(extra_body or {})
+        self.send_ignore_eos = send_ignore_eos
+        self.progress = progress
+        self.progress_interval_s = progress_interval_s
+        self._token_models: dict[str, TokenModel] = {}
+
+    def __repr__(self) -> str:  # never show the key
+        return f"Runner({self.base_url!r}, model={self.model!r})"
+
+    def run(self, workload: Workload, *, slo: SLO | None = None, trials: int | None = None) -> RunResult:
+        return asyncio.run(self.arun(workload, slo=slo, trials=trials))
+
+    async def arun(self, workload: Workload, *, slo: SLO | None = None, trials: int | None = None) -> RunResult:
+        n_trials = trials or workload.trials or 1
+        results = []
+        model = await self._resolve_model()
+        token_model = await self._token_model(workload.api, model)
+        for index in range(n_trials):
+            results.append(await self._trial(workload, model, token_model, slo, index))
+        return RunResult(
+            workload=workload,
+            model=model,
+            base_url=self.base_url,
+            trials=results,
+            summary=pooled_summary(results, slo),
+            token_model=token_model.to_dict(),
+            slo=slo,
+            label=workload.label(),
+        )
+
+    def _client(self, origin_s: float, workload: Workload | None = None) -> StreamingClient:
+        conns = 64
+        if workload is not None:
+            conns = workload.concurrency or int(max(64, (workload.rate_rps or 1) * 60))
+        return StreamingClient(
+            self.base_url,
+            model=self.model,
+            api_key=self._api_key,
+            timeout_s=workload.timeout_s if workload else 30.0,
+            max_connections=min(conns, 20000),
+            origin_s=origin_s,
+        )
+
+    async def _resolve_model(self) -> str:
+        if self.model:
+            return self.model
+        async with self._client(time.perf_counter()) as client:
+            try:
+                models = await client.list_models()
+            except Exception as exc:
+                raise RunError(f"cannot list models at {self.base_url}/models: {exc}") from None
+        if not models:
+            raise RunError(f"{self.base_url}/models lists no model; pass a model name explicitly")
+        self.model = models[0]
+        return self.model
+
+    async def _token_model(self, api: str, model: str) -> TokenModel:
+        if api in self._token_models:
+            return self._token_models[api]
+        async with self._client(time.perf_counter()) as client:
+            token_model = None
+            try:
+                token_model = await calibrate_with_tokenizer(client, api)
+            except Exception:
+                token_model = None
+            if token_model is None:
+                token_model = await self._probe_usage(client, api)
+        self._token_models[api] = token_model
+        return token_model
+
+    async def _probe_usage(self, client: StreamingClient, api: str) -> TokenModel:
+        """No /tokenize: fit the word->token line from two tiny requests' usage.prompt_tokens."""
+        fallback = estimated_model(api)
+        points = []
+        rng = np.random.default_rng(99)
+        for n_words in (16, 96):
+            prompt = " ".join(fallback.vocab[i] for i in rng.integers(0, len(fallback.vocab), n_words))
+            request = PreparedRequest(index=-1, prompt=prompt, max_tokens=1, api=api, ignore_eos=False,
+                                      extra_body=dict(self.extra_body))
+            record = RequestRecord(index=-1)
+            await client.send(request, record)
+            if record.ok and record.prompt_tokens and record.token_source == "usage":
+                points.append((n_words, record.prompt_tokens))
+        return fit_from_usage(points, api)
+
+    async def _trial(self, workload: Workload, model: str, token_model: TokenModel, slo: SLO | None,
+                     index: int) -> TrialResult:
+        factory = PromptFactory(workload, token_model, extra_body=self.extra_body,
+                                send_ignore_eos=self.send_ignore_eos)
+        expected: dict[int, int | None] = {}
+
+        def make(i: int, phase: str) -> PreparedRequest:
+            request = factory.make(i, phase)
+            expected[i] = request.prompt_tokens_expected
+            return request
+
+        origin = time.perf_counter()
+        started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        async with self._client(origin, workload) as client:
+            client.model = model
+            generator = LoadGenerator(
+                workload, make, client.send,
+                clock=lambda: time.perf_counter() - origin,
+                progress=self.progress,
+                progress_interval_s=self.progress_interval_s,
+            )
+            outcome = await generator.run()
+        summary = summarize(outcome.records, slo=slo, window_s=outcome.window_s,
+                            loop_lag_max_s=outcome.loop_lag_max_s)
+        trial = TrialResult(
+            index=index,
+            records=outcome.records,
+            summary=summary,
+            window_s=outcome.window_s,
+            loop_lag_max_s=outcome.loop_lag_max_s,
+            started_at=started_at,
+            wall_s=time.perf_counter() - origin,
+            expected_prompt_tokens=[expected.get(r.index) for r in outcome.records],
+        )
+        return trial
