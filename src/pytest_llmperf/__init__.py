@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from .markers import slo
 from .records import RequestRecord
 from .workload import LengthDist, RequestType, Workload, WorkloadError, load_workload, load_workloads
 
@@ -15,5 +16,6 @@ __all__ = [
     "WorkloadError",
     "load_workload",
     "load_workloads",
+    "slo",
     "__version__",
 ]

@@ -1,1 +1,372 @@
-"""pytest-llmperf plugin (hooks, fixtures, options)."""
+"""pytest glue: options, the ``slo`` marker, the ``llm_server`` and ``llmperf`` fixtures, and the
+terminal summary. Everything it does is delegated to the library (runner, slo, servers, report);
+this module only wires pytest's lifecycle to it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterator
+
+import pytest
+
+from .options import OPTIONS, LLMPerfOptions, OptionError, resolve
+from .report.terminal import fmt_s, table
+from .runner import RunResult, Runner
+from .server_manager import ServerConfig, ServerInfo, ServerManager, ServerUnavailable
+from .servers.process import ProcessReaper
+from .slo import SLO, SLOError, check
+from .workload import Workload
+
+SLO_MARKER_HELP = (
+    "slo(**thresholds): performance objectives for the test's llmperf runs, e.g. "
+    "slo(ttft_p95=1.0, tpot_p95=0.04, error_rate=0.01). Keys: <metric>_<stat> for metric in "
+    "ttft, ttfvt, tpot, itl, e2e and stat in p50, p90, p95, p99, mean, max (seconds); error_rate, "
+    "goodput_min_rps, attainment_min; plus tolerance, trials and request_type."
+)
+
+
+# ---------------------------------------------------------------------- session state
+
+
+class LLMPerfSession:
+    """Per-pytest-session state, kept in ``config.stash`` (no module globals)."""
+
+    def __init__(self, config: pytest.Config, options: LLMPerfOptions) -> None:
+        self.config = config
+        self.options = options
+        self.reaper = ProcessReaper()
+        api_key = None
+        if options.api_key_env:
+            api_key = os.environ.get(options.api_key_env)
+            if api_key is None:
+                raise pytest.UsageError(
+                    f"--llmperf-api-key-env: environment variable {options.api_key_env} is not set"
+                )
+        self.api_key = api_key
+        self.servers = ServerManager(
+            ServerConfig(
+                preset=options.server,
+                url=options.url,
+                model=options.model,
+                command=options.server_cmd,
+                server_args=options.server_args,
+                sim_preset=options.sim_preset,
+                sim_args=options.sim_args,
+                health_path=options.health_path,
+                api_key=api_key,
+                startup_timeout_s=options.startup_timeout,
+                log_dir=options.report_path,
+            ),
+            reaper=self.reaper,
+        )
+        self.results: list[tuple[str, RunResult]] = []
+        self.perf_items = 0
+
+    def progress_printer(self, label: str) -> "ProgressPrinter":
+        return ProgressPrinter(self.config, label)
+
+
+class ProgressPrinter:
+    """A live progress line on interactive terminals; a plain line every 10 s in CI logs."""
+
+    def __init__(self, config: pytest.Config, label: str) -> None:
+        self.config = config
+        self.label = label
+        tr = config.pluginmanager.get_plugin("terminalreporter")
+        self.tr = tr
+        self.interactive = bool(tr is not None and getattr(tr, "isatty", False) and not os.environ.get("CI"))
+        self.interval_s = 0.5 if self.interactive else 10.0
+        self._wrote = False
+
+    def __call__(self, p: Any) -> None:
+        if self.tr is None or self.config.option.verbose < 0:
+            return
+        ttft = f", p95 TTFT {fmt_s(p.ttft_p95_s)}" if p.ttft_p95_s is not None else ""
+        line = (f"llmperf {self.label}: {p.elapsed_s:5.1f} s {p.phase}, {p.completed} done, "
+                f"{p.failed} failed, {p.in_flight} in flight{ttft}")
+        capman = self.config.pluginmanager.get_plugin("capturemanager")
+        ctx = capman.global_and_fixture_disabled() if capman is not None else _null()
+        with ctx:
+            if self.interactive:
+                self.tr.write("\r" + line.ljust(100)[:100], flush=True)
+                self._wrote = True
+            else:
+                self.tr.write_line(line)
+
+    def done(self) -> None:
+        if self._wrote and self.tr is not None:
+            capman = self.config.pluginmanager.get_plugin("capturemanager")
+            ctx = capman.global_and_fixture_disabled() if capman is not None else _null()
+            with ctx:
+                self.tr.write("\r" + " " * 100 + "\r", flush=True)
+
+
+class _null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+SESSION_KEY = pytest.StashKey[LLMPerfSession]()
+PERF_KEY = pytest.StashKey["LLMPerf"]()
+SLO_KEY = pytest.StashKey[list]()
+
+
+# ---------------------------------------------------------------------- the fixture object
+
+
+class LLMPerf:
+    """What a test gets as ``llmperf``: ``run(workload)`` measures and returns a RunResult.
+
+    Every result is kept; after the test body returns, any breached SLO fails the test with one
+    line per threshold (so a sweep checks every point, not only the last).
+    """
+
+    def __init__(self, session: LLMPerfSession, item: pytest.Item, slos: list[SLO]) -> None:
+        self._session = session
+        self._item = item
+        self.slos = slos
+        self.results: list[RunResult] = []
+
+    @property
+    def slo(self) -> SLO | None:
+        """The SLO without a request type: it defines which requests count as good (goodput)."""
+        for slo in self.slos:
+            if not slo.request_type:
+                return slo
+        return None
+
+    @property
+    def server(self) -> ServerInfo:
+        try:
+            return self._session.servers.get()
+        except ServerUnavailable as exc:
+            pytest.fail(f"llmperf: {exc}", pytrace=False)
+
+    def run(self, workload: Workload, *, trials: int | None = None) -> RunResult:
+        if not isinstance(workload, Workload):
+            raise TypeError(f"llmperf.run expects a Workload, got {type(workload).__name__}")
+        opts = self._session.options
+        server = self.server
+        workload = workload.scaled(opts.duration_scale)
+        n_trials = trials or _marker_trials(self.slos) or workload.trials or opts.trials or 1
+        printer = self._session.progress_printer(self._item.name)
+        runner = Runner(
+            server.base_url,
+            model=server.model,
+            api_key=self._session.api_key,
+            length_fields=server.length_fields,
+            metrics_url=server.metrics_url,
+            progress=printer,
+            progress_interval_s=printer.interval_s,
+        )
+        try:
+            result = runner.run(workload, slo=self.slo, trials=n_trials)
+        finally:
+            printer.done()
+        checks = []
+        for slo in self.slos:
+            try:
+                checks.extend(check(result.summary, slo))
+            except SLOError as exc:
+                pytest.fail(f"llmperf: {exc}", pytrace=False)
+        result.slo_checks = checks
+        self.results.append(result)
+        self._session.results.append((self._item.nodeid, result))
+        self._record_properties(result)
+        return result
+
+    def _record_properties(self, result: RunResult) -> None:
+        s = result.summary
+        n = len(self.results)
+        prefix = "llmperf" if n == 1 else f"llmperf{n}"
+        props = {
+            "workload": result.label,
+            "requests": s.requests,
+            "errors": s.failed,
+            "ttft_p95_s": s.ttft_s.p95,
+            "tpot_p95_s": s.tpot_s.p95,
+            "output_tps": round(s.output_throughput_tps, 3),
+            "goodput_rps": round(s.goodput_rps, 4),
+        }
+        for key, value in props.items():
+            self._item.user_properties.append((f"{prefix}.{key}", value))
+
+    def failures(self) -> list[str]:
+        lines = []
+        for i, result in enumerate(self.results):
+            bad = [c for c in result.slo_checks if not c.passed]
+            if not bad:
+                continue
+            where = f"run {i + 1} ({result.label})" if len(self.results) > 1 else result.label
+            lines.append(f"SLO breached in {where}:")
+            lines.extend(f"  {c.message}" for c in bad)
+        if lines:
+            info = self._session.servers.info
+            if info is not None and not info.alive() and info.process is not None:
+                tail = "\n".join("    " + ln for ln in info.process.log_tail(20))
+                lines.append(f"  the server exited during the run (code {info.process.exited_code()}); log tail:\n{tail}")
+        return lines
+
+
+def _marker_trials(slos: list[SLO]) -> int | None:
+    for slo in slos:
+        if getattr(slo, "trials", None):
+            return slo.trials
+    return None
+
+
+# ---------------------------------------------------------------------- hooks
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("llmperf", "LLM inference performance (pytest-llmperf)")
+    for spec in OPTIONS:
+        help_text = f"{spec.help} (ini: {spec.ini})"
+        if spec.flag:
+            group.addoption(spec.cli, dest=spec.dest, action="store_true", default=None, help=help_text)
+            parser.addini(spec.ini, help=spec.help, type="bool", default=False)
+        else:
+            group.addoption(spec.cli, dest=spec.dest, default=None, choices=spec.choices,
+                            metavar=spec.name.split("-")[-1].upper(), help=help_text)
+            parser.addini(spec.ini, help=spec.help, default=None)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", SLO_MARKER_HELP)
+    try:
+        options = resolve(config.getoption, config.getini)
+    except OptionError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    session = LLMPerfSession(config, options)
+    session.reaper.install()
+    config.stash[SESSION_KEY] = session
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    session = config.stash.get(SESSION_KEY, None)
+    if session is None:
+        return
+    try:
+        session.servers.stop()
+    finally:
+        session.reaper.stop_all()
+        session.reaper.uninstall()
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    errors = []
+    perf = 0
+    for item in items:
+        markers = list(item.iter_markers("slo"))
+        uses = "llmperf" in getattr(item, "fixturenames", ())
+        if uses or markers:
+            perf += 1
+        slos = []
+        for marker in markers:
+            if marker.args:
+                errors.append(f"{item.nodeid}: @slo takes keyword arguments only, e.g. @slo(ttft_p95=1.0)")
+                continue
+            try:
+                slos.append(SLO.parse(marker.kwargs, source=f"@slo on {item.name}"))
+            except SLOError as exc:
+                errors.append(f"{item.nodeid}: {exc}")
+        item.stash[SLO_KEY] = slos
+    if errors:
+        raise pytest.UsageError("invalid slo marker:\n  " + "\n  ".join(errors))
+    perf_session = config.stash.get(SESSION_KEY, None)
+    if perf_session is not None:
+        perf_session.perf_items = perf
+        if perf:
+            _check_report_dir(perf_session)
+
+
+def _check_report_dir(session: LLMPerfSession) -> None:
+    path = session.options.report_path
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-probe-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise pytest.UsageError(
+            f"--llmperf-report-dir {path}: cannot write there ({exc.strerror or exc}); "
+            "choose a writable directory"
+        ) from None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    result = yield
+    perf = item.stash.get(PERF_KEY, None)
+    if perf is not None:
+        lines = perf.failures()
+        if lines:
+            pytest.fail("\n".join(lines), pytrace=False)
+    return result
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    session = config.stash.get(SESSION_KEY, None)
+    if session is None or not session.results:
+        return
+    tr = terminalreporter
+    tr.write_sep("=", "llmperf summary")
+    info = session.servers.info
+    if info is not None:
+        tr.write_line(f"server: {info.describe()}")
+    rows = []
+    for nodeid, result in session.results:
+        s = result.summary
+        checks = result.slo_checks
+        status = "-" if not checks else ("PASS" if all(c.passed for c in checks) else "FAIL")
+        if not s.validity.valid:
+            status += " (invalid run)"
+        rows.append([
+            nodeid.split("::")[-1],
+            result.label,
+            f"{s.completed}/{s.requests}",
+            fmt_s(s.ttft_s.p50), fmt_s(s.ttft_s.p95),
+            fmt_s(s.tpot_s.p50), fmt_s(s.tpot_s.p95),
+            f"{s.output_throughput_tps:.0f}",
+            f"{s.goodput_rps:.2f}",
+            status,
+        ])
+    tr.write_line(table(
+        ["test", "workload", "ok/req", "TTFT p50", "TTFT p95", "TPOT p50", "TPOT p95", "out tok/s", "goodput", "SLO"],
+        rows,
+    ))
+
+
+# ---------------------------------------------------------------------- fixtures
+
+
+def _session(request: pytest.FixtureRequest) -> LLMPerfSession:
+    return request.config.stash[SESSION_KEY]
+
+
+@pytest.fixture(scope="session")
+def llm_server(request: pytest.FixtureRequest) -> ServerInfo:
+    """The server under test: launched from ``--llmperf-server`` (default: the simulator) or
+    reached at ``--llmperf-url``. Started once per session, torn down at its end."""
+    try:
+        return _session(request).servers.get()
+    except ServerUnavailable as exc:
+        pytest.fail(f"llmperf: {exc}", pytrace=False)
+
+
+@pytest.fixture
+def llmperf(request: pytest.FixtureRequest) -> LLMPerf:
+    """Runs workloads against the session's server and checks them against the test's ``@slo``."""
+    session = _session(request)
+    item = request.node
+    perf = LLMPerf(session, item, item.stash.get(SLO_KEY, []))
+    perf.server  # start (or fail) the server in setup, so a dead server is a setup error
+    item.stash[PERF_KEY] = perf
+    return perf
+
+
+__all__ = ["LLMPerf", "llm_server", "llmperf"]

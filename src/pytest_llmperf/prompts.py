@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import os
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
@@ -126,12 +126,16 @@ class PromptFactory:
     """
 
     def __init__(self, workload: Workload, model: TokenModel, *, nonce: int | None = None,
-                 extra_body: dict[str, Any] | None = None, send_ignore_eos: bool = True) -> None:
+                 extra_body: dict[str, Any] | None = None, send_ignore_eos: bool = True,
+                 length_fields: Callable[[int, bool, int | None], dict[str, Any]] | None = None) -> None:
         self.workload = workload
         self.model = model
         self.nonce = nonce if nonce is not None else int.from_bytes(os.urandom(6), "little")
         self.extra_body = dict(extra_body or {})
         self.send_ignore_eos = send_ignore_eos
+        # An engine preset's own way of fixing the output length (ignore_eos, min_tokens, a
+        # logit_bias on EOS...); when given it replaces the default ignore_eos/min_tokens fields.
+        self.length_fields = length_fields
         self._vocab = np.asarray(model.vocab, dtype=object)
         types = workload.request_types
         self._types = types
@@ -177,6 +181,13 @@ class PromptFactory:
         sampling = dict(self.workload.sampling)
         if "seed" not in sampling and self.workload.sampling.get("temperature", 0) not in (0, None):
             sampling["seed"] = int(self.workload.seed * 1_000_003 + index) % (2**31)
+        ignore_eos = self.workload.ignore_eos and self.send_ignore_eos
+        extra_body = dict(self.extra_body)
+        if self.length_fields is not None:
+            fields = self.length_fields(output_tokens, self.workload.ignore_eos, output_tokens if self.workload.ignore_eos else None)
+            fields.pop("max_tokens", None)
+            extra_body.update(fields)
+            ignore_eos = False
         return PreparedRequest(
             index=index,
             prompt=" ".join(parts),
@@ -185,8 +196,8 @@ class PromptFactory:
             request_type=rtype.name,
             phase=phase,
             prompt_tokens_expected=input_tokens,
-            ignore_eos=self.workload.ignore_eos and self.send_ignore_eos,
-            min_tokens=output_tokens if self.workload.ignore_eos and self.send_ignore_eos else None,
+            ignore_eos=ignore_eos,
+            min_tokens=output_tokens if ignore_eos else None,
             sampling=sampling,
-            extra_body=dict(self.extra_body),
+            extra_body=extra_body,
         )

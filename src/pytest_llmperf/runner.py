@@ -27,6 +27,7 @@ from .metrics import Summary, summarize
 from .prompts import PromptFactory, TokenModel, calibrate_with_tokenizer, estimated_model, fit_from_usage
 from .records import PHASE_MEASURE, PreparedRequest, RequestRecord
 from .slo import SLO
+from .telemetry import TelemetrySampler
 from .workload import Workload
 
 
@@ -117,6 +118,8 @@ class Runner:
         api_key: str | None = None,
         extra_body: dict[str, Any] | None = None,
         send_ignore_eos: bool = True,
+        length_fields: Callable[[int, bool, int | None], dict[str, Any]] | None = None,
+        metrics_url: str | None = None,
         progress: Callable[[Progress], None] | None = None,
         progress_interval_s: float = 2.0,
     ) -> None:
@@ -125,6 +128,9 @@ class Runner:
         self._api_key = api_key
         self.extra_body = dict(extra_body or {})
         self.send_ignore_eos = send_ignore_eos
+        self.length_fields = length_fields
+        # Where the server's Prometheus metrics live; None skips server telemetry.
+        self.metrics_url = metrics_url
         self.progress = progress
         self.progress_interval_s = progress_interval_s
         self._token_models: dict[str, TokenModel] = {}
@@ -211,7 +217,7 @@ class Runner:
     async def _trial(self, workload: Workload, model: str, token_model: TokenModel, slo: SLO | None,
                      index: int) -> TrialResult:
         factory = PromptFactory(workload, token_model, extra_body=self.extra_body,
-                                send_ignore_eos=self.send_ignore_eos)
+                                send_ignore_eos=self.send_ignore_eos, length_fields=self.length_fields)
         expected: dict[int, int | None] = {}
 
         def make(i: int, phase: str) -> PreparedRequest:
@@ -229,7 +235,14 @@ class Runner:
                 progress=self.progress,
                 progress_interval_s=self.progress_interval_s,
             )
-            outcome = await generator.run()
+            sampler = None
+            if self.metrics_url:
+                sampler = TelemetrySampler(self.metrics_url, interval_s=1.0, origin_s=origin)
+                await sampler.start()
+            try:
+                outcome = await generator.run()
+            finally:
+                telemetry = (await sampler.stop()).to_dict() if sampler is not None else None
         summary = summarize(outcome.records, slo=slo, window_s=outcome.window_s,
                             loop_lag_max_s=outcome.loop_lag_max_s)
         trial = TrialResult(
@@ -241,5 +254,6 @@ class Runner:
             started_at=started_at,
             wall_s=time.perf_counter() - origin,
             expected_prompt_tokens=[expected.get(r.index) for r in outcome.records],
+            telemetry=telemetry,
         )
         return trial

@@ -73,9 +73,9 @@ class SSEParser:
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         """Consume ``chunk`` and return the events it completed (possibly none)."""
+        if not chunk:
+            return []
         if not self._started:
-            if not chunk:
-                return []
             # A BOM may only appear at the very start and may itself arrive split.
             head = self._tail + chunk
             if len(head) < len(_BOM) and _BOM.startswith(head):

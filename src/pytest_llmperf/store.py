@@ -223,10 +223,11 @@ class BaselineStore:
     def _prune(self, name: str, protect: Path) -> None:
         if self.keep is None:
             return
-        kept = 0
+        # The file just written always survives and counts first, whatever its timestamp says
+        # (another machine's clock may run ahead).
+        kept = 1
         for entry in self.runs(name):  # newest first
             if entry.path == protect:
-                kept += 1
                 continue
             try:
                 self.load(entry.path)
@@ -521,9 +522,12 @@ def baselines_main(argv: list[str]) -> int:
     import sys
 
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--store", default=str(DEFAULT_ROOT), metavar="DIR",
-                        help="baseline store directory (default: %(default)s)")
+    common.add_argument("--store", default=None, metavar="DIR",
+                        help=f"baseline store directory (default: {DEFAULT_ROOT})")
     parser = argparse.ArgumentParser(prog="llmperf baselines", description="Inspect and manage saved baselines.")
+    # Accepted before the subcommand too; a separate dest because a subparser's default would
+    # otherwise overwrite the value given there.
+    parser.add_argument("--store", dest="store_before", default=None, metavar="DIR", help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True, metavar="{list,show,delete}")
     sub.add_parser("list", parents=[common], help="names with run counts, latest time and fingerprint")
     show = sub.add_parser("show", parents=[common], help="summary of a saved run (newest by default)")
@@ -539,6 +543,7 @@ def baselines_main(argv: list[str]) -> int:
     except SystemExit as exc:  # argparse already printed the usage message
         return int(exc.code or 0)
 
+    args.store = args.store or args.store_before or str(DEFAULT_ROOT)
     store = BaselineStore(Path(args.store), keep=None)
     try:
         if args.command == "list":

@@ -1,0 +1,15 @@
+"""Long context (8,192 prompt tokens, 128 answer tokens): prefill dominates, so a warm prefix
+cache should cut TTFT sharply. Both cache states are measured and reported apart."""
+
+import pytest
+
+from pytest_llmperf import Workload, slo
+
+
+@slo(ttft_p95=2.0, tpot_p95=0.03, error_rate=0.01)
+@pytest.mark.parametrize("cache", ["cold", "warm"])
+def test_long_context(llmperf, cache):
+    result = llmperf.run(
+        Workload(input_tokens=8192, output_tokens=128, rate_rps=2, duration_s=10, warmup_s=2, cache=cache)
+    )
+    assert result.summary.completed >= 10

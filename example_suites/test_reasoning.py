@@ -1,0 +1,15 @@
+"""A reasoning model: hidden reasoning tokens stream before the answer, so the latency a user sees
+is the time to the first *visible* token (TTFVT), not TTFT. The simulator reasons when the request
+asks for it with ``chat_template_kwargs: {enable_thinking: true}``, as Qwen3 on vLLM does."""
+
+from pytest_llmperf import Workload, slo
+
+
+@slo(ttfvt_p95=3.0, ttft_p95=0.3, error_rate=0.01)
+def test_reasoning_time_to_visible_answer(llmperf):
+    result = llmperf.run(
+        Workload(input_tokens=512, output_tokens=640, rate_rps=2, duration_s=10, warmup_s=2,
+                 sampling={"chat_template_kwargs": {"enable_thinking": True}})
+    )
+    s = result.summary
+    assert s.ttfvt_s.p50 > s.ttft_s.p50   # the answer starts after the reasoning

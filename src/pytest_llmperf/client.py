@@ -1,0 +1,597 @@
+"""Streaming client for OpenAI-compatible servers: one :class:`RequestRecord` per request.
+
+``StreamingClient.send`` posts a :class:`PreparedRequest` to ``/v1/chat/completions`` or
+``/v1/completions`` with ``stream=True`` and turns the SSE stream into timestamps and token
+counts. Every timestamp is ``time.perf_counter() - origin_s``, so records of one run share a
+time base. Failures of any kind (HTTP errors, refused connections, stalls, cut or malformed
+streams, error events) are written into the record and never raised; only
+``asyncio.CancelledError`` propagates, because the load generator cancels requests still in
+flight at its deadline and marks them itself.
+
+Token accounting (``chunk_tokens``, ``output_tokens``):
+
+- ``usage`` on every chunk (vLLM's ``continuous_usage_stats``): each text-bearing chunk gets the
+  increase of the cumulative ``completion_tokens`` since the previous text-bearing chunk, so
+  multi-token chunks and chunks whose text was held back (partial UTF-8) are attributed exactly;
+  tokens the final usage adds after the last text-bearing chunk go to that chunk.
+- ``usage`` only at the end: the final ``completion_tokens`` spread evenly over the chunks.
+- no ``usage`` at all: one token per text-bearing chunk, ``token_source="counted"``.
+
+In every case ``sum(chunk_tokens) == output_tokens`` whenever there is at least one chunk.
+
+The API key is sent as ``Authorization: Bearer``; it is scrubbed from every error text (also
+when a server echoes it back) and never shown by ``repr``.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from .records import PreparedRequest, RequestRecord
+from .sse import SSEEvent, SSEParser, SSEProtocolError, excerpt
+
+APIS = ("chat", "completions")
+
+_DONE = "[DONE]"
+_DETAIL_CHARS = 300
+# Error bodies are read only this far: enough for any JSON error message, bounded for a server
+# that answers an error with megabytes of HTML.
+_ERROR_BODY_BYTES = 16 * 1024
+_REDACTED = "***"
+# Connections per httpx pool; see the comment in StreamingClient.__init__.
+_SHARD_CONNECTIONS = 32
+
+
+class ClientError(RuntimeError):
+    """A helper call (models, tokenize, detokenize) failed; the message names URL and cause."""
+
+
+class _Failure(Exception):
+    """A request failure found while reading the response; turned into record fields."""
+
+    def __init__(self, kind: str, detail: str, status_code: int | None = None) -> None:
+        super().__init__(detail)
+        self.kind = kind
+        self.detail = detail
+        self.status_code = status_code
+
+
+@dataclass(slots=True)
+class _Progress:
+    """What one stream has shown so far beyond the record's own fields."""
+
+    # Cumulative completion_tokens carried by each text-bearing chunk (None: no usage on it).
+    chunk_cum: list[int | None] = field(default_factory=list)
+    cum: int | None = None
+    usage: dict[str, Any] | None = None  # latest usage block; the final one once the stream ended
+    done: bool = False  # [DONE] seen
+    finished: bool = False  # a finish_reason seen
+    last_event_s: float | None = None
+
+
+class StreamingClient:
+    """Async OpenAI-compatible streaming client on one pooled ``httpx.AsyncClient``.
+
+    ``base_url`` is the OpenAI base ending in ``/v1``; ``root_url`` (``base_url`` minus ``/v1``)
+    serves ``/tokenize``, ``/detokenize`` and ``/health``. ``timeout_s`` bounds connecting,
+    waiting for a free pooled connection and every wait for data (a stall), not the whole
+    stream: a long generation that keeps streaming is not a timeout. ``model=None`` omits the
+    ``model`` field (servers serving one model accept that). ``transport`` replaces the network
+    (tests, in-process ASGI apps). Environment proxies are ignored so that a ``HTTP_PROXY``
+    setting cannot silently put a proxy into the measured path.
+
+    Use as ``async with StreamingClient(...) as client:`` (or call :meth:`aclose`).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        model: str | None,
+        api_key: str | None = None,
+        timeout_s: float = 300.0,
+        max_connections: int = 1000,
+        origin_s: float,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
+            raise ValueError(f"base_url must be an http:// or https:// URL, got {base_url!r}")
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
+            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        if isinstance(max_connections, bool) or not isinstance(max_connections, int) or max_connections < 1:
+            raise ValueError(f"max_connections must be a positive integer, got {max_connections!r}")
+        if isinstance(origin_s, bool) or not isinstance(origin_s, (int, float)):
+            raise ValueError(f"origin_s must be a time.perf_counter() value, got {origin_s!r}")
+        if api_key is not None and (not isinstance(api_key, str) or not api_key):
+            raise ValueError("api_key must be a non-empty string or None")
+        self.base_url = base_url.rstrip("/")
+        self.root_url = self.base_url[:-3] if self.base_url.endswith("/v1") else self.base_url
+        self.model = model
+        self.timeout_s = float(timeout_s)
+        self.max_connections = max_connections
+        self.origin_s = float(origin_s)
+        self._api_key = api_key
+        self._tokenize_shape: str | None = None  # which request shape this server's /tokenize takes
+        headers = {"Accept-Encoding": "identity"}  # raw bytes: no decompression per chunk
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        # httpcore's pool bookkeeping runs on every request start and end and costs up to
+        # (idle connections x pool size) (encode/httpcore#1035), which at a thousand connections
+        # dominates the client's CPU. Several small pools, each request going to the least busy
+        # one, keep that cost bounded while the total stays max_connections.
+        if transport is not None:
+            sizes = [max_connections]
+        else:
+            count = -(-max_connections // _SHARD_CONNECTIONS)
+            base, extra = divmod(max_connections, count)
+            sizes = [base + (1 if i < extra else 0) for i in range(count)]
+        # One TLS context for all pools: loading the CA bundle takes tens of ms per context.
+        # Plain HTTP never uses it, so it then holds no CA certificates at all.
+        if self.base_url.startswith("https://"):
+            tls: ssl.SSLContext = httpx.create_ssl_context()
+        else:
+            tls = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        self._pools = [
+            httpx.AsyncClient(
+                headers=headers,
+                timeout=httpx.Timeout(self.timeout_s),
+                limits=httpx.Limits(max_connections=size, max_keepalive_connections=size),
+                http1=True,
+                http2=False,
+                follow_redirects=False,
+                trust_env=False,
+                verify=tls,
+                transport=transport,
+            )
+            for size in sizes
+        ]
+        self._in_flight = [0] * len(sizes)
+        self._http = self._pools[0]  # helper calls (models, tokenize, health) are rare
+
+    def __repr__(self) -> str:
+        key = _REDACTED if self._api_key else None
+        return f"StreamingClient(base_url={self.base_url!r}, model={self.model!r}, api_key={key!r})"
+
+    async def __aenter__(self) -> "StreamingClient":
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        for pool in self._pools:
+            await pool.aclose()
+
+    # ------------------------------------------------------------------ streaming requests
+
+    def build_body(self, req: PreparedRequest) -> dict[str, Any]:
+        """The JSON body for ``req``; ``sampling`` then ``extra_body`` override the defaults."""
+        body: dict[str, Any] = {}
+        if self.model is not None:
+            body["model"] = self.model
+        if req.api == "chat":
+            body["messages"] = [{"role": "user", "content": req.prompt}]
+        elif req.api == "completions":
+            body["prompt"] = req.prompt
+        else:
+            raise ValueError(f"request {req.index}: api must be one of {', '.join(APIS)}, got {req.api!r}")
+        body["max_tokens"] = req.max_tokens
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+        if req.ignore_eos:
+            body["ignore_eos"] = True
+        if req.min_tokens is not None:
+            body["min_tokens"] = req.min_tokens
+        body.update(req.sampling)
+        body.update(req.extra_body)
+        return body
+
+    async def send(self, req: PreparedRequest, record: RequestRecord) -> RequestRecord:
+        """Send ``req`` now, stream the answer into ``record`` and return it.
+
+        Sets ``sent_s`` right before the request goes out. Never raises for a failed request:
+        the failure is in ``record.error_kind`` / ``error_detail`` / ``status_code``. Raises
+        ``ValueError`` for an unknown ``req.api`` (a programming error, not a server fault) and
+        lets ``asyncio.CancelledError`` through, leaving what was measured on the record.
+        """
+        body = self.build_body(req)
+        url = f"{self.base_url}/chat/completions" if req.api == "chat" else f"{self.base_url}/completions"
+        progress = _Progress()
+        response: httpx.Response | None = None
+        in_flight = self._in_flight
+        shard = in_flight.index(min(in_flight)) if len(in_flight) > 1 else 0
+        http = self._pools[shard]
+        request = http.build_request("POST", url, json=body)
+        in_flight[shard] += 1
+        record.sent_s = time.perf_counter() - self.origin_s
+        try:
+            response = await http.send(request, stream=True)
+            record.status_code = response.status_code
+            await self._check_response(response)
+            await self._consume(response, record, progress, req.api == "chat")
+            if not record.ok:
+                raise _Failure("disconnect", "stream ended without [DONE] or a finish_reason")
+        except _Failure as exc:
+            self._fail(record, exc.kind, exc.detail, exc.status_code)
+        except httpx.TimeoutException as exc:
+            self._fail(record, "timeout", _timeout_detail(exc, self.timeout_s, self.max_connections))
+        except httpx.ConnectError as exc:
+            self._fail(record, "connect", f"cannot connect to {url}: {exc or type(exc).__name__}")
+        except (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError, httpx.CloseError) as exc:
+            self._fail(record, "disconnect", f"connection broken: {exc or type(exc).__name__}")
+        except httpx.DecodingError as exc:
+            self._fail(record, "malformed", f"undecodable response body: {exc}")
+        except Exception as exc:  # noqa: BLE001 - a request failure must land in the record
+            self._fail(record, "client", f"{type(exc).__name__}: {exc}")
+        finally:
+            in_flight[shard] -= 1
+            if response is not None:
+                try:
+                    await response.aclose()
+                except Exception:  # noqa: BLE001 - the record already says what went wrong
+                    pass
+            _settle_tokens(record, progress)
+        return record
+
+    async def _check_response(self, response: httpx.Response) -> None:
+        status = response.status_code
+        if status >= 400:
+            text = await self._read_excerpt(response)
+            kind = "http_429" if status == 429 else "http_5xx" if status >= 500 else "http_4xx"
+            raise _Failure(kind, f"HTTP {status}: {_error_message(text)}", status)
+        content_type = response.headers.get("content-type", "")
+        if not content_type.startswith("text/event-stream"):
+            text = await self._read_excerpt(response)
+            raise _Failure(
+                "not_stream",
+                f"expected text/event-stream, got content-type {content_type or '(none)'!r} "
+                f"(HTTP {status}): {text}",
+                status,
+            )
+
+    async def _consume(
+        self, response: httpx.Response, record: RequestRecord, progress: _Progress, chat: bool
+    ) -> None:
+        """Read the SSE stream into ``record``; raise ``_Failure`` for protocol and error events."""
+        parser = SSEParser()
+        # Raw bytes skip httpx's decoder chain; a server that compresses anyway gets decoded.
+        encoding = response.headers.get("content-encoding", "identity")
+        chunks = response.aiter_raw() if encoding == "identity" else response.aiter_bytes()
+        async for raw in chunks:
+            if progress.done:
+                # Read to the end so the connection returns to the pool instead of being closed.
+                continue
+            try:
+                events = parser.feed(raw)
+                bad = None
+            except SSEProtocolError as exc:
+                events, bad = exc.events, exc
+            try:
+                for event in events:
+                    if self._on_event(event, record, progress, chat, truncated=False):
+                        break
+            except (AttributeError, TypeError, KeyError, IndexError):
+                # Valid JSON of the wrong shape (choices not a list, usage not an object...).
+                raise _Failure("malformed", f"unexpected chunk shape: {self._line_excerpt(event.data)}") from None
+            if bad is not None and not progress.done:
+                raise _Failure("malformed", f"malformed SSE line: {self._line_excerpt(bad.raw)}")
+        if not progress.done:
+            tail = parser.finish()
+            if tail is not None:
+                try:
+                    self._on_event(tail, record, progress, chat, truncated=True)
+                except (AttributeError, TypeError, KeyError, IndexError):
+                    raise _Failure("malformed", f"unexpected chunk shape: {self._line_excerpt(tail.data)}") from None
+        if not progress.done and progress.finished:
+            record.ok = True
+            record.end_s = progress.last_event_s
+
+    def _on_event(
+        self, event: SSEEvent, record: RequestRecord, progress: _Progress, chat: bool, truncated: bool
+    ) -> bool:
+        """Apply one SSE event; return True at ``[DONE]``."""
+        t = time.perf_counter() - self.origin_s
+        data = event.data
+        if data == _DONE:
+            progress.done = True
+            progress.last_event_s = t
+            record.ok = True
+            record.end_s = t
+            return True
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            if truncated:  # the stream was cut inside an event, not garbled
+                raise _Failure("disconnect", "stream cut inside an event, without [DONE]") from None
+            raise _Failure("malformed", f"event data is not JSON: {self._line_excerpt(data)}") from None
+        if type(obj) is not dict:
+            raise _Failure("malformed", f"event data is not a JSON object: {self._line_excerpt(data)}")
+        progress.last_event_s = t
+        if obj.get("error") is not None or obj.get("object") == "error" or event.event == "error":
+            raise self._error_event(obj)
+        usage = obj.get("usage")
+        if usage:
+            completion = usage.get("completion_tokens")  # fails before storing a non-object usage
+            progress.usage = usage
+            if type(completion) is int:
+                progress.cum = completion
+        choices = obj.get("choices")
+        if not choices:
+            return False
+        choice = choices[0]
+        if chat:
+            delta = choice.get("delta")
+            if delta:
+                text = delta.get("content")
+                reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+            else:
+                text = reasoning = None
+        else:
+            text = choice.get("text")
+            reasoning = None
+        if text or reasoning:
+            record.chunk_times_s.append(t)
+            progress.chunk_cum.append(progress.cum if usage else None)
+            if record.first_token_s is None:
+                record.first_token_s = t
+            if text and record.first_visible_s is None:
+                record.first_visible_s = t
+            stamp = obj.get("llmperf_server_time")
+            if stamp is not None:
+                if record.server_chunk_times_s is None:
+                    record.server_chunk_times_s = []
+                record.server_chunk_times_s.append(stamp - self.origin_s)
+        if choice.get("finish_reason"):
+            progress.finished = True
+        return False
+
+    def _error_event(self, obj: dict[str, Any]) -> _Failure:
+        err = obj.get("error")
+        if isinstance(err, dict):
+            message, code = err.get("message"), err.get("code")
+        elif err is not None:
+            message, code = err, obj.get("code")
+        else:
+            message, code = obj.get("message"), obj.get("code")
+        status = _as_status(code)
+        if status is None:
+            status = _as_status(obj.get("status_code"))
+        kind = "http_429" if status == 429 else "http_4xx" if status and status < 500 else "http_5xx"
+        text = message if isinstance(message, str) else json.dumps(obj)
+        return _Failure(kind, f"error event in stream: {self._line_excerpt(text)}", status)
+
+    def _fail(self, record: RequestRecord, kind: str, detail: str, status_code: int | None = None) -> None:
+        if record.ok:  # a failure while draining after [DONE] does not undo a completed stream
+            return
+        record.ok = False
+        record.error_kind = kind
+        record.error_detail = excerpt(self._scrub(detail), _DETAIL_CHARS)
+        if status_code is not None:
+            record.status_code = status_code
+        record.end_s = time.perf_counter() - self.origin_s
+
+    # ------------------------------------------------------------------ secrets
+
+    def _scrub(self, text: str) -> str:
+        """Remove the API key (raw, JSON-escaped, or cut off at the end of a read) from ``text``."""
+        key = self._api_key
+        if not key:
+            return text
+        for form in {key, json.dumps(key)[1:-1]}:
+            text = text.replace(form, _REDACTED)
+        # A body read only part-way may end in the first characters of the key.
+        for n in range(min(len(key) - 1, len(text)), 3, -1):
+            if text.endswith(key[:n]):
+                return text[:-n] + _REDACTED
+        return text
+
+    def _line_excerpt(self, raw: bytes | str) -> str:
+        text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+        return excerpt(self._scrub(text))
+
+    async def _read_excerpt(self, response: httpx.Response) -> str:
+        """Up to ``_ERROR_BODY_BYTES`` of the body, scrubbed, as text (never raises)."""
+        buf = bytearray()
+        try:
+            async for piece in response.aiter_bytes():
+                buf += piece
+                if len(buf) >= _ERROR_BODY_BYTES:
+                    break
+        except (httpx.HTTPError, OSError):
+            pass  # the status line already tells what went wrong; the body is a bonus
+        return self._scrub(bytes(buf[:_ERROR_BODY_BYTES]).decode("utf-8", "replace"))
+
+    # ------------------------------------------------------------------ helpers
+
+    async def list_models(self) -> list[str]:
+        """Model ids served at ``{base_url}/models``."""
+        data = await self._json("GET", f"{self.base_url}/models")
+        try:
+            return [str(m["id"]) for m in data["data"]]
+        except (KeyError, TypeError) as exc:
+            raise ClientError(f"{self.base_url}/models: unexpected answer, no data[].id ({exc})") from None
+
+    async def health(self) -> bool:
+        """True when ``{root_url}/health`` answers 2xx; False on any error or refusal."""
+        try:
+            response = await self._http.get(f"{self.root_url}/health")
+        except httpx.HTTPError:
+            return False
+        return response.is_success
+
+    async def tokenize(self, text: str | None = None, messages: list | None = None) -> list[int] | None:
+        """Token ids of ``text`` or of chat ``messages`` (chat template applied by the server).
+
+        Returns None when the server has no ``/tokenize`` (404/405). Text requests try vLLM's
+        ``{"prompt": ...}``, then llama.cpp's ``{"content": ...}``, then TGI's ``{"inputs": ...}``,
+        and remember the shape that worked.
+        """
+        if (text is None) == (messages is None):
+            raise ValueError("tokenize: give exactly one of text= or messages=")
+        url = f"{self.root_url}/tokenize"
+        if messages is not None:
+            shapes = ["messages"]
+        elif self._tokenize_shape is not None:
+            shapes = [self._tokenize_shape]
+        else:
+            shapes = ["prompt", "content", "inputs"]
+        last_error = ""
+        for shape in shapes:
+            payload: dict[str, Any] = {shape: messages if shape == "messages" else text}
+            if self.model is not None and shape != "inputs":
+                payload["model"] = self.model
+            response = await self._request("POST", url, payload)
+            if response.status_code in (404, 405):
+                return None
+            if response.status_code >= 400:
+                last_error = f"HTTP {response.status_code}: {_error_message(self._scrub(response.text))}"
+                continue
+            tokens = _token_ids(self._decode_json(response, url))
+            # llama.cpp ignores unknown keys and answers an empty list: not a real answer.
+            if tokens is None or (not tokens and text):
+                last_error = f"no token ids in answer to {shape!r} request"
+                continue
+            if text is not None:
+                self._tokenize_shape = shape
+            return tokens
+        raise ClientError(f"{url}: {excerpt(last_error)}")
+
+    async def detokenize(self, tokens: list[int]) -> str | None:
+        """Text of ``tokens`` via ``{root_url}/detokenize``; None when there is no such endpoint."""
+        url = f"{self.root_url}/detokenize"
+        payload: dict[str, Any] = {"tokens": list(tokens)}
+        if self.model is not None:
+            payload["model"] = self.model
+        response = await self._request("POST", url, payload)
+        if response.status_code in (404, 405):
+            return None
+        if response.status_code >= 400:
+            message = _error_message(self._scrub(response.text))
+            raise ClientError(f"{url}: HTTP {response.status_code}: {excerpt(message)}")
+        data = self._decode_json(response, url)
+        for key in ("prompt", "content", "text"):
+            if isinstance(data, dict) and isinstance(data.get(key), str):
+                return data[key]
+        raise ClientError(f"{url}: unexpected answer, no 'prompt' or 'content' text")
+
+    def _decode_json(self, response: httpx.Response, url: str) -> Any:
+        try:
+            return response.json()
+        except ValueError:
+            raise ClientError(f"{url}: answer is not JSON: {excerpt(self._scrub(response.text))}") from None
+
+    async def _request(self, method: str, url: str, payload: Any = None) -> httpx.Response:
+        try:
+            return await self._http.request(method, url, json=payload)
+        except httpx.HTTPError as exc:
+            raise ClientError(f"{url}: {type(exc).__name__}: {self._scrub(str(exc))}") from None
+
+    async def _json(self, method: str, url: str) -> Any:
+        response = await self._request(method, url)
+        if response.status_code >= 400:
+            message = _error_message(self._scrub(response.text))
+            raise ClientError(f"{url}: HTTP {response.status_code}: {excerpt(message)}")
+        return self._decode_json(response, url)
+
+
+# ---------------------------------------------------------------------- pure helpers
+
+
+def _settle_tokens(record: RequestRecord, progress: _Progress) -> None:
+    """Fill token counts and ``chunk_tokens`` from usage (see the module docstring)."""
+    n = len(record.chunk_times_s)
+    usage = progress.usage
+    completion = usage.get("completion_tokens") if usage else None
+    if usage:
+        record.prompt_tokens = _as_int(usage.get("prompt_tokens"))
+        details = usage.get("completion_tokens_details")
+        if isinstance(details, dict):
+            record.reasoning_tokens = _as_int(details.get("reasoning_tokens"))
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict):
+            record.cached_tokens = _as_int(details.get("cached_tokens"))
+    if type(completion) is not int:
+        record.token_source = "counted"
+        record.output_tokens = n
+        record.chunk_tokens = [1.0] * n
+        return
+    record.token_source = "usage"
+    record.output_tokens = completion
+    if not n:
+        record.chunk_tokens = []
+        return
+    if None not in progress.chunk_cum:
+        shares: list[float] = []
+        prev = 0
+        for cum in progress.chunk_cum:
+            shares.append(float(cum - prev))  # type: ignore[operator]
+            prev = cum  # type: ignore[assignment]
+        shares[-1] += completion - prev
+    else:
+        share = completion / n
+        shares = [share] * n
+        shares[-1] = completion - share * (n - 1)
+    record.chunk_tokens = shares
+
+
+def _as_int(value: Any) -> int | None:
+    return value if type(value) is int else None
+
+
+def _as_status(code: Any) -> int | None:
+    try:
+        status = int(code)
+    except (TypeError, ValueError):
+        return None
+    return status if 100 <= status <= 599 else None
+
+
+def _error_message(text: str) -> str:
+    """The message of a JSON error body (OpenAI, vLLM, FastAPI, TGI shapes), else the text."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text.strip() or "(empty body)"
+    if isinstance(data, dict):
+        err = data.get("error")
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"])
+        for candidate in (err, data.get("message"), data.get("detail")):
+            if candidate:
+                return candidate if isinstance(candidate, str) else json.dumps(candidate)
+    return text.strip()
+
+
+def _timeout_detail(exc: httpx.TimeoutException, timeout_s: float, max_connections: int) -> str:
+    if isinstance(exc, httpx.PoolTimeout):
+        return f"no free connection within {timeout_s:g}s (max_connections={max_connections})"
+    phase = {
+        httpx.ConnectTimeout: "connecting",
+        httpx.ReadTimeout: "waiting for data",
+        httpx.WriteTimeout: "sending the request",
+    }.get(type(exc), "waiting")
+    return f"timed out after {timeout_s:g}s {phase}"
+
+
+def _token_ids(data: Any) -> list[int] | None:
+    """Token ids from a tokenize answer: ``{"tokens": [int | {"id": int}]}`` or TGI's list."""
+    items = data.get("tokens") if isinstance(data, dict) else data
+    if not isinstance(items, list):
+        return None
+    out = []
+    for item in items:
+        if isinstance(item, dict):
+            item = item.get("id")
+        if type(item) is not int:
+            return None
+        out.append(item)
+    return out
+
+
+__all__ = ["APIS", "ClientError", "StreamingClient"]
