@@ -17,7 +17,7 @@ from pytest_llmperf.metrics import (
     summarize,
 )
 from pytest_llmperf.records import RequestRecord
-from pytest_llmperf.slo import SLO
+from pytest_llmperf.objectives import SLO
 
 
 def rec(

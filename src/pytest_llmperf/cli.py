@@ -68,7 +68,7 @@ def _workload_from_args(args: argparse.Namespace):
 def _slo_from_args(pairs: list[str]):
     if not pairs:
         return None
-    from .slo import SLO
+    from .objectives import SLO
 
     values: dict[str, object] = {}
     for pair in pairs:
@@ -86,7 +86,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .report.json_result import run_result_to_dict
     from .report.terminal import summary_text
     from .runner import RunError, Runner
-    from .slo import check
+    from .objectives import check
 
     workload = _workload_from_args(args)
     slo = _slo_from_args(args.slo)
@@ -158,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"llmperf {args.command}: error: {exc}", file=sys.stderr)
         return USAGE_ERROR
     except Exception as exc:  # data errors from the library carry their own clear message
-        from .slo import SLOError
+        from .objectives import SLOError
         from .workload import WorkloadError
 
         if isinstance(exc, (WorkloadError, SLOError)):

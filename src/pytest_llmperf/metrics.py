@@ -21,7 +21,7 @@ import numpy as np
 from .records import PHASE_MEASURE, PHASE_WARMUP, RequestRecord
 
 if TYPE_CHECKING:
-    from .slo import SLO
+    from .objectives import SLO
 
 METRICS = ("ttft", "ttfvt", "tpot", "itl", "e2e")
 STATS = ("p50", "p90", "p95", "p99", "mean", "max")

@@ -15,7 +15,7 @@ from .report.terminal import fmt_s, table
 from .runner import RunResult, Runner
 from .server_manager import ServerConfig, ServerInfo, ServerManager, ServerUnavailable
 from .servers.process import ProcessReaper
-from .slo import SLO, SLOError, check
+from .objectives import SLO, SLOError, check
 from .workload import Workload
 
 SLO_MARKER_HELP = (
@@ -141,10 +141,7 @@ class LLMPerf:
 
     @property
     def server(self) -> ServerInfo:
-        try:
-            return self._session.servers.get()
-        except ServerUnavailable as exc:
-            pytest.fail(f"llmperf: {exc}", pytrace=False)
+        return _get_server(self._session)
 
     def run(self, workload: Workload, *, trials: int | None = None) -> RunResult:
         if not isinstance(workload, Workload):
@@ -352,10 +349,16 @@ def _session(request: pytest.FixtureRequest) -> LLMPerfSession:
 def llm_server(request: pytest.FixtureRequest) -> ServerInfo:
     """The server under test: launched from ``--llmperf-server`` (default: the simulator) or
     reached at ``--llmperf-url``. Started once per session, torn down at its end."""
+    return _get_server(_session(request))
+
+
+def _get_server(session: LLMPerfSession) -> ServerInfo:
     try:
-        return _session(request).servers.get()
+        return session.servers.get()
     except ServerUnavailable as exc:
-        pytest.fail(f"llmperf: {exc}", pytrace=False)
+        message = str(exc)
+    # Outside the except block, so pytest shows the message once, without a chained traceback.
+    pytest.fail(f"llmperf: {message}", pytrace=False)
 
 
 @pytest.fixture

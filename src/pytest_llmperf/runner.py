@@ -26,7 +26,7 @@ from .loadgen import LoadGenerator, Progress
 from .metrics import Summary, summarize
 from .prompts import PromptFactory, TokenModel, calibrate_with_tokenizer, estimated_model, fit_from_usage
 from .records import PHASE_MEASURE, PreparedRequest, RequestRecord
-from .slo import SLO
+from .objectives import SLO
 from .telemetry import TelemetrySampler
 from .workload import Workload
 

@@ -3,8 +3,8 @@
 Rules (docs/simulator.md has them too, for client authors):
 
 - Text splits into pieces: a word with at most one leading space (`` the``, ``data,``), or a
-  run of whitespace (a run followed by a word leaves its last space to that word, as GPT-2's
-  pre-tokenizer does).
+  run of whitespace (when such a run ends in a space before a word, that space goes to the
+  word, so ``"a  b"`` is ``a``, `` ``, `` b``; ``"\\n\\n"`` stays one piece).
 - A piece of at most ``MAX_PIECE_CHARS`` characters (leading space included) is one token;
   longer pieces are cut into ``MAX_PIECE_CHARS``-character tokens.
 - Ids: special tokens first, then the built-in vocabulary (``VOCAB_WORDS`` with and without a
@@ -59,7 +59,7 @@ _WORD_LIST = """
 # Deduplicated, and short enough that the space-prefixed form is a single token.
 VOCAB_WORDS: tuple[str, ...] = tuple(dict.fromkeys(w for w in _WORD_LIST.split() if len(w) < 10))
 
-_PIECE_RE = re.compile(r" ?\S+|\s+(?!\S)|\s+")
+_PIECE_RE = re.compile(r" ?\S+|\s+(?= \S)|\s+")
 _MAX_DECODE_MEMORY = 200_000
 
 

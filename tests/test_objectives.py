@@ -9,7 +9,7 @@ import pytest
 
 from pytest_llmperf.metrics import summarize
 from pytest_llmperf.records import RequestRecord
-from pytest_llmperf.slo import SLO, VALID_KEYS, SLOError, check
+from pytest_llmperf.objectives import SLO, VALID_KEYS, SLOError, check
 
 
 def rec(

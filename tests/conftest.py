@@ -1,0 +1,9 @@
+# pytester's in-process runs drop modules first imported during a run; importing the plugin's
+# whole dependency graph here keeps one copy of httpx/httpcore classes across runs (otherwise an
+# `except httpx.TransportError` can miss an exception raised by a re-imported httpcore).
+import httpcore  # noqa: F401
+import httpx  # noqa: F401
+
+import pytest_llmperf.cli  # noqa: F401
+import pytest_llmperf.plugin  # noqa: F401
+import pytest_llmperf.sim.server  # noqa: F401
