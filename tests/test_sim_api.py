@@ -45,6 +45,14 @@ def client(sim):
         yield c
 
 
+@pytest.fixture(scope="module")
+def zero_client():
+    """No model delay: for tests about what is generated rather than when."""
+    with start_in_thread(SimConfig(preset="zero", model_name=MODEL)) as handle:
+        with httpx.Client(base_url=handle.url, timeout=30) as c:
+            yield c
+
+
 def chat_body(**kw) -> dict:
     body = {"model": MODEL, "messages": [{"role": "user", "content": WORDS * 10}], "max_tokens": 12, "ignore_eos": True}
     body.update(kw)
@@ -130,10 +138,10 @@ def test_non_streaming_bodies(client):
     }
 
 
-def test_natural_length_is_seeded_and_bounded(client):
+def test_natural_length_is_seeded_and_bounded(zero_client):
     def run(seed, **kw):
-        body = chat_body(ignore_eos=False, max_tokens=400, seed=seed, **kw)
-        return client.post("/v1/chat/completions", json=body).json()
+        body = chat_body(**{"ignore_eos": False, "max_tokens": 400, "seed": seed, **kw})
+        return zero_client.post("/v1/chat/completions", json=body).json()
 
     a, b, c = run(1), run(1), run(2)
     assert a["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"]
@@ -232,11 +240,12 @@ def test_reasoning_then_visible_and_multi_token_chunks():
         deltas = [e["choices"][0]["delta"] for e in events if e["choices"]][1:]
         kinds = ["reasoning" if "reasoning_content" in d else "content" for d in deltas]
         assert kinds == sorted(kinds, key=lambda k: k == "content") and "reasoning" in kinds and "content" in kinds
-        reasoning_done = [e["usage"]["completion_tokens"] for e in events[1:] if "reasoning_content" in e["choices"][0]["delta"]]
+        chunks = [e for e in events[1:] if e["choices"]]
+        reasoning_done = [e["usage"]["completion_tokens"] for e in chunks if "reasoning_content" in e["choices"][0]["delta"]]
         assert reasoning_done[-1] == 5
-        per_chunk = [b - a for a, b in zip([0] + [e["usage"]["completion_tokens"] for e in events[1:-1]],
-                                           [e["usage"]["completion_tokens"] for e in events[1:-1]])]
-        assert sum(per_chunk) == 14 and max(per_chunk) >= 3
+        cumulative = [e["usage"]["completion_tokens"] for e in chunks]
+        per_chunk = [b - a for a, b in zip([0] + cumulative, cumulative)]
+        assert sum(per_chunk) == 14 and max(per_chunk) >= 3 and len(chunks) < 14
         usage = events[-1]["usage"]
         assert usage["completion_tokens"] == 14 and usage["completion_tokens_details"]["reasoning_tokens"] == 5
         stamps = [e["llmperf_server_time"] for e in events]
@@ -262,3 +271,31 @@ def test_llama8b_end_to_end_latency_is_realistic():
     assert len(times) == 40
     assert 0.9 * expected.ttft_s <= ttft < expected.ttft_s + 0.25  # tens of milliseconds
     assert 0.9 * expected.tpot_s <= tpot < 3 * expected.tpot_s  # a few milliseconds
+
+
+def test_stop_is_quick_with_streams_in_flight():
+    handle = start_in_thread(SimConfig(preset="llama-3.1-8b-h100"))
+    lines: list[str] = []
+    outcome: list[str] = []
+
+    def consume():
+        try:
+            with httpx.Client(base_url=handle.base_url, timeout=30) as c:
+                body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5000, "ignore_eos": True, "stream": True}
+                with c.stream("POST", "/chat/completions", json=body) as response:
+                    lines.extend(response.iter_lines())
+            outcome.append("ended")
+        except httpx.HTTPError as exc:
+            outcome.append(type(exc).__name__)
+
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(consume)
+        deadline = time.monotonic() + 10
+        while not handle.state.engine.core.running and time.monotonic() < deadline:
+            time.sleep(0.01)
+        t0 = time.perf_counter()
+        handle.stop()
+        stopped_in = time.perf_counter() - t0
+        future.result(timeout=10)
+    assert stopped_in < 1.5 and not handle.running
+    assert outcome and "data: [DONE]" not in lines  # the cut stream is visibly incomplete

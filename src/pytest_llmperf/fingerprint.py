@@ -142,7 +142,8 @@ class Fingerprint:
             gpu_driver=str(gpu_info.get("gpu_driver", "none")),
             sampling=dict(sampling or {}),
             sim_preset=sim_preset,
-            plugin_version=__version__,
+            # major.minor: a patch release must not invalidate every stored baseline
+            plugin_version=".".join(__version__.split(".")[:2]),
             workload_hash=workload.content_hash() if workload is not None else "",
             slo=dict(slo or {}),
             extra=dict(extra or {}),

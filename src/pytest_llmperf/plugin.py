@@ -16,6 +16,9 @@ from .runner import RunResult, Runner
 from .server_manager import ServerConfig, ServerInfo, ServerManager, ServerUnavailable
 from .servers.process import ProcessReaper
 from .objectives import SLO, SLOError, check
+from .fingerprint import FingerprintMismatch
+from .gate import RunComparison, compare_entries, fingerprint_for, gated_stats, headline, run_entry, session_document, session_holm
+from .store import BaselineMissing, BaselineStore, StoreError
 from .workload import Workload
 
 SLO_MARKER_HELP = (
@@ -62,6 +65,42 @@ class LLMPerfSession:
         )
         self.results: list[tuple[str, RunResult]] = []
         self.perf_items = 0
+        self.store = BaselineStore(options.store, keep=options.keep) if (options.save or options.baseline) else None
+        # Baseline entries by run key (newest saved run first, then pooled history); None = no baseline.
+        self.baseline: dict[str, list[dict[str, Any]]] | None = None
+        self.baseline_source: str | None = None
+        self.family_size = 1
+        self.entries: dict[str, dict[str, Any]] = {}
+        self.comparisons: list[RunComparison] = []
+        self.missing_baseline: list[str] = []
+        self.late_regressions: list[str] = []
+        self.saved_path: str | None = None
+        self.save_error: str | None = None
+
+    def load_baseline(self) -> None:
+        """Read the baseline once, before any load is generated; a bad file stops the session."""
+        name = self.options.baseline
+        if not name or self.store is None:
+            return
+        try:
+            runs = self.store.history(name, limit=self.options.pool)
+        except BaselineMissing:
+            self.baseline = None
+            self.baseline_source = None
+            return
+        except StoreError as exc:
+            raise pytest.UsageError(f"--llmperf-baseline {name}: {exc}") from None
+        if not runs:
+            return
+        self.baseline_source = str(runs[0].path)
+        merged: dict[str, list[dict[str, Any]]] = {}
+        for run in runs:
+            for key, entry in (run.run.get("tests") or {}).items():
+                pooled = merged.setdefault(key, [])
+                # History pools only runs measured on the same setup as the newest one.
+                if not pooled or entry.get("fingerprint") == pooled[0].get("fingerprint"):
+                    pooled.append(entry)
+        self.baseline = merged
 
     def progress_printer(self, label: str) -> "ProgressPrinter":
         return ProgressPrinter(self.config, label)
@@ -130,6 +169,9 @@ class LLMPerf:
         self._item = item
         self.slos = slos
         self.results: list[RunResult] = []
+        self.comparisons: list[RunComparison] = []
+        self.gate_errors: list[str] = []
+        self.notes: list[str] = []
 
     @property
     def slo(self) -> SLO | None:
@@ -171,10 +213,38 @@ class LLMPerf:
             except SLOError as exc:
                 pytest.fail(f"llmperf: {exc}", pytrace=False)
         result.slo_checks = checks
+        key = f"{self._item.nodeid}#{len(self.results)}"
         self.results.append(result)
         self._session.results.append((self._item.nodeid, result))
         self._record_properties(result)
+        self._gate(key, result, server)
         return result
+
+    def _gate(self, key: str, result: RunResult, server: ServerInfo) -> None:
+        session = self._session
+        if session.store is None:
+            return
+        # A remote server's GPUs are not this machine's: do not fingerprint our own.
+        gpu = None if server.launched else {"gpu_name": "remote", "gpu_count": 0, "gpu_driver": "remote"}
+        entry = run_entry(result, fingerprint_for(result, server, gpu=gpu))
+        session.entries[key] = entry
+        if not session.options.baseline:
+            return
+        base = (session.baseline or {}).get(key)
+        if not base:
+            session.missing_baseline.append(key)
+            self.notes.append(f"no baseline for {key} in {session.options.baseline!r}")
+            return
+        opts = session.options
+        tolerance = self.slo.tolerance if self.slo is not None and self.slo.tolerance is not None else opts.tolerance
+        try:
+            comparison = compare_entries(key, base, entry, tolerance=tolerance, alpha=opts.alpha,
+                                         allow=opts.allowed_diffs, family_size=session.family_size)
+        except FingerprintMismatch as exc:
+            self.gate_errors.append(f"baseline {opts.baseline!r} not comparable: {exc}")
+            return
+        self.comparisons.append(comparison)
+        session.comparisons.append(comparison)
 
     def _record_properties(self, result: RunResult) -> None:
         s = result.summary
@@ -201,6 +271,15 @@ class LLMPerf:
             where = f"run {i + 1} ({result.label})" if len(self.results) > 1 else result.label
             lines.append(f"SLO breached in {where}:")
             lines.extend(f"  {c.message}" for c in bad)
+        strict = self._session.options.strict
+        for comparison in self.comparisons:
+            bad = comparison.regressions(strict)
+            if bad:
+                lines.append(f"performance regressed against baseline {self._session.options.baseline!r} in {comparison.label}:")
+                lines.extend(f"  {c.verdict.value.upper()}: {c.message()}" for c in bad)
+        lines.extend(self.gate_errors)
+        if strict and self.notes:
+            lines.extend(f"{note} (--llmperf-strict)" for note in self.notes)
         if lines:
             info = self._session.servers.info
             if info is not None and not info.alive() and info.process is not None:
@@ -279,6 +358,49 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         perf_session.perf_items = perf
         if perf:
             _check_report_dir(perf_session)
+            _prepare_baselines(perf_session, items)
+
+
+def _prepare_baselines(session: LLMPerfSession, items: list[pytest.Item]) -> None:
+    if session.store is None:
+        return
+    if session.options.save:
+        try:
+            session.store.check_writable()
+        except StoreError as exc:
+            raise pytest.UsageError(f"--llmperf-save {session.options.save}: {exc}") from None
+    session.load_baseline()
+    if session.baseline:
+        selected = {item.nodeid for item in items}
+        m = 0
+        for key, entries in session.baseline.items():
+            if key.rsplit("#", 1)[0] in selected:
+                slo = entries[0].get("slo")
+                m += len(gated_stats(SLO.parse(slo) if slo else None))
+        session.family_size = max(1, m)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    perf = session.config.stash.get(SESSION_KEY, None)
+    if perf is None:
+        return
+    if perf.comparisons:
+        final = session_holm(perf.comparisons)
+        before = {id(c) for r in perf.comparisons for c in r.regressions(perf.options.strict)}
+        newly = [c for r_old, r in zip(perf.comparisons, final) for c_old, c in zip(r_old.comparisons, r.comparisons)
+                 if c.verdict.fails(perf.options.strict) and id(c_old) not in before]
+        perf.comparisons = final
+        if newly and session.exitstatus == 0:
+            # Holm over the whole session finds what the per-test Bonferroni bound could not.
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+            perf.late_regressions = [c.message() for c in newly]
+    if perf.options.save and perf.entries and exitstatus != pytest.ExitCode.INTERRUPTED:
+        try:
+            path = perf.store.save(perf.options.save, session_document(perf.entries))  # type: ignore[union-attr]
+            perf.saved_path = str(path)
+        except StoreError as exc:
+            perf.save_error = str(exc)
+            session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
 
 
 def _check_report_dir(session: LLMPerfSession) -> None:
@@ -316,12 +438,14 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     if info is not None:
         tr.write_line(f"server: {info.describe()}")
     rows = []
+    notes = []
     for nodeid, result in session.results:
         s = result.summary
         checks = result.slo_checks
         status = "-" if not checks else ("PASS" if all(c.passed for c in checks) else "FAIL")
         if not s.validity.valid:
             status += " (invalid run)"
+            notes.append(f"{nodeid.split('::')[-1]}: invalid run: {'; '.join(s.validity.reasons)}")
         rows.append([
             nodeid.split("::")[-1],
             result.label,
@@ -334,8 +458,36 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         ])
     tr.write_line(table(
         ["test", "workload", "ok/req", "TTFT p50", "TTFT p95", "TPOT p50", "TPOT p95", "out tok/s", "goodput", "SLO"],
-        rows,
+        rows, left=2,
     ))
+    for note in notes:
+        tr.write_line(note)
+    _write_verdicts(tr, session)
+
+
+def _write_verdicts(tr: Any, session: LLMPerfSession) -> None:
+    opts = session.options
+    if opts.baseline:
+        if session.baseline_source is None:
+            tr.write_line(f"no baseline named {opts.baseline!r} in {opts.store}: run with --llmperf-save "
+                          f"{opts.baseline} first (e.g. on the main branch) to create it")
+        elif session.comparisons:
+            tr.write_sep("-", f"against baseline {opts.baseline!r}: {headline(session.comparisons)}")
+            rows = []
+            for comparison in session.comparisons:
+                for c in comparison.comparisons:
+                    rows.append([comparison.label, c.name, c.verdict.value.upper(),
+                                 c.message() if c.gated else f"{c.name}: {c.reason}"])
+            tr.write_line(table(["workload", "statistic", "verdict", "detail"], rows, left=4))
+        if session.missing_baseline:
+            tr.write_line(f"{len(session.missing_baseline)} run(s) had no counterpart in baseline "
+                          f"{opts.baseline!r} (not gated): " + ", ".join(session.missing_baseline[:5]))
+    for message in session.late_regressions:
+        tr.write_line(f"REGRESSED after Holm correction across the session: {message}")
+    if session.saved_path:
+        tr.write_line(f"saved baseline {opts.save!r}: {session.saved_path}")
+    if session.save_error:
+        tr.write_line(f"could not save baseline {opts.save!r}: {session.save_error}", red=True)
 
 
 # ---------------------------------------------------------------------- fixtures

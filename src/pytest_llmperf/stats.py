@@ -485,10 +485,16 @@ def compare_sequences(
     lens = []
     boot_logs = []
     for side, arr in enumerate(prepared):
-        ell = block_len if block_len is not None else optimal_block_length(arr)
-        ell = min(ell, arr.size)
+        plan = _block_plan(arr)
+        ell = min(block_len if block_len is not None else plan.length, arr.size)
         lens.append(ell)
-        boot_logs.append(_block_bootstrap_log_stat(arr, stat, side, ell, n_resamples, rng))
+        logs = _block_bootstrap_log_stat(arr, stat, side, ell, n_resamples, rng)
+        finite = np.isfinite(logs)
+        if finite.any():
+            # Widen the replicates about their centre by the bias correction (see _BlockPlan).
+            centre = float(np.mean(logs[finite]))
+            logs = centre + (logs - centre) * math.sqrt(plan.variance_inflation(ell))
+        boot_logs.append(logs)
     theta_star = boot_logs[1] - boot_logs[0]
     # NaN replicates (a resample with no successful request for a mean, or zero goodput on both
     # sides) carry no information; they are vanishingly rare above the sample-size floor.
@@ -558,15 +564,16 @@ def _block_bootstrap_log_stat(
     """log(statistic) over circular moving-block resamples of ``arr`` (each of length n)."""
     n = arr.size
     n_blocks = -(-n // ell)
-    offsets = np.arange(ell)
+    # Every circular block as a row of a strided view: a resample is then one gather of whole
+    # blocks, with no per-element index arithmetic.
+    blocks = np.lib.stride_tricks.sliding_window_view(np.concatenate([arr, arr[: ell - 1]]), ell)
     # Bounded batches keep memory flat for long runs (n_resamples × n floats at once can be GBs).
     batch = max(1, min(n_resamples, 2_000_000 // max(n, 1)))
     out = np.empty(n_resamples)
     for start in range(0, n_resamples, batch):
         k = min(batch, n_resamples - start)
         starts = rng.integers(0, n, size=(k, n_blocks))
-        idx = ((starts[:, :, None] + offsets) % n).reshape(k, -1)[:, :n]
-        values = stat.batch(arr[idx], side)
+        values = stat.batch(blocks[starts].reshape(k, -1)[:, :n], side)
         with np.errstate(divide="ignore", invalid="ignore"):
             out[start : start + k] = np.log(values)
     return out
@@ -579,45 +586,66 @@ def optimal_block_length(x: np.ndarray | Sequence[float]) -> int:
     of the ranks (robust to heavy tails and to failed requests coded as a huge value), floored at
     ⌈n^(1/3)⌉ and capped at n/4.
     """
-    arr = np.asarray(x, dtype=float)
+    return _block_plan(np.asarray(x, dtype=float)).length
+
+
+@dataclass(frozen=True)
+class _BlockPlan:
+    length: int
+    # Flat-top estimates of Σγ(k) (long-run variance) and Σ|k|γ(k), on normal scores.
+    g0: float
+    g1: float
+
+    def variance_inflation(self, ell: int) -> float:
+        """Undo the block bootstrap's first-order variance bias, −Σ|k|γ(k) / (n·ℓ) (Künsch 1989).
+
+        Blocks cut the covariance between neighbours across block ends, so the bootstrap
+        understates the variance of a statistic of a correlated sequence by a factor
+        1 − g1/(ℓ·g0): 10–25% for lag-1 correlations of 0.8–0.9, which alone would push false
+        alarms from 5% to ~8%. Capped at 2 where the expansion stops being trustworthy.
+        """
+        if self.g0 <= 0:
+            return 1.0
+        shrink = 1.0 - self.g1 / (ell * self.g0)
+        return 2.0 if shrink <= 0.5 else max(1.0, 1.0 / shrink)
+
+
+def _block_plan(arr: np.ndarray) -> _BlockPlan:
     n = arr.size
     floor = max(1, math.ceil(n ** (1.0 / 3.0) - 1e-9))
     if n < 8:
-        return min(floor, max(1, n))
+        return _BlockPlan(min(floor, max(1, n)), 0.0, 0.0)
     cap = max(1, n // 4)
     ranks = sps.rankdata(np.nan_to_num(arr, nan=np.inf))
     z = sps.norm.ppf((ranks - 0.5) / n)
     z = z - z.mean()
-    var = float(z @ z) / n
-    if var == 0.0:
-        return min(floor, cap)
+    if float(z @ z) == 0.0:
+        return _BlockPlan(min(floor, cap), 0.0, 0.0)
     k_n = max(5, math.ceil(math.sqrt(math.log10(n))))
     m_max = min(n - 1, math.ceil(math.sqrt(n)) + k_n)
-    # Autocorrelations up to m_max + k_n via FFT (O(n log n) instead of O(n·m)).
+    # Autocovariances up to m_max + k_n via FFT (O(n log n) instead of O(n·m)).
     size = 1 << (2 * n - 1).bit_length()
     f = np.fft.rfft(z, size)
     acov = np.fft.irfft(f * np.conj(f), size)[: min(n, m_max + k_n + 1)] / n
     rho = acov / acov[0]
     threshold = 2.0 * math.sqrt(math.log10(n) / n)
-    m_hat = None
+    m_hat = m_max
     for m in range(0, len(rho) - k_n):
         if np.all(np.abs(rho[m + 1 : m + 1 + k_n]) < threshold):
             m_hat = m
             break
-    if m_hat is None:
-        m_hat = m_max
     big_m = min(2 * max(m_hat, 1), m_max)
     lags = np.arange(-big_m, big_m + 1)
     t = np.abs(lags) / big_m
     flat_top = np.where(t <= 0.5, 1.0, np.where(t <= 1.0, 2.0 * (1.0 - t), 0.0))
     r = acov[np.abs(lags)]
-    g = float(np.sum(flat_top * np.abs(lags) * r))
+    g1 = float(np.sum(flat_top * np.abs(lags) * r))
     g0 = float(np.sum(flat_top * r))
     d_cb = (4.0 / 3.0) * g0**2
     if d_cb <= 0:
-        return min(floor, cap)
-    b_opt = (2.0 * g**2 / d_cb) ** (1.0 / 3.0) * n ** (1.0 / 3.0)
-    return int(min(cap, max(floor, math.ceil(b_opt))))
+        return _BlockPlan(min(floor, cap), g0, g1)
+    b_opt = (2.0 * g1**2 / d_cb) ** (1.0 / 3.0) * n ** (1.0 / 3.0)
+    return _BlockPlan(int(min(cap, max(floor, math.ceil(b_opt)))), g0, g1)
 
 
 # --------------------------------------------------------------------------- planning helpers

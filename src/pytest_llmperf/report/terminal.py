@@ -14,13 +14,15 @@ def fmt_s(value: float | None) -> str:
     return f"{value:.2f} s"
 
 
-def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], left: int = 1) -> str:
+    """A plain aligned table; the first ``left`` columns are text (left-aligned), the rest numbers."""
     rows = [[str(c) for c in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in rows:
         widths = [max(w, len(c)) for w, c in zip(widths, row)]
+
     def line(cells: Sequence[str]) -> str:
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+        return "  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
     out = [line(list(headers)), line(["-" * w for w in widths])]
     out += [line(r) for r in rows]
     return "\n".join(out)

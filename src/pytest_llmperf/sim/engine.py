@@ -13,7 +13,7 @@ from time import perf_counter
 from typing import Callable
 
 from .perfmodel import PerfModel
-from .scheduler import FINISHED, SchedulerCore, Sequence
+from .scheduler import SchedulerCore, Sequence
 
 # Falling further behind than this (wall seconds) starts the next step from "now".
 RESYNC_AFTER_S = 0.05
@@ -108,9 +108,12 @@ class Engine:
             else:
                 start = next_start
             deadline = start + plan.cost_s * scale
-            delay = deadline - perf_counter()
             # sleep(0) still yields, so a zero-cost preset lets handlers write between steps.
-            await asyncio.sleep(delay if delay > 0 else 0)
+            await asyncio.sleep(0)
+            # uvloop's timers have millisecond granularity and may fire early; sleeping again for
+            # the remainder keeps every token at or after its modelled time.
+            while (delay := deadline - perf_counter()) > 0:
+                await asyncio.sleep(delay)
             first, done = core.complete(plan, perf_counter())
             if first and self.on_first_token is not None:
                 self.on_first_token(first)
@@ -127,4 +130,4 @@ def _release_waiter(seq: Sequence) -> None:
             waiter.set_result(None)
 
 
-__all__ = ["Engine", "FINISHED", "RESYNC_AFTER_S"]
+__all__ = ["Engine", "RESYNC_AFTER_S"]

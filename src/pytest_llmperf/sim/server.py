@@ -100,6 +100,7 @@ def _uvicorn_config(app: Starlette, *, log_level: str, own_logging: bool) -> uvi
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         backlog=4096,
         server_header=False,
+        proxy_headers=False,  # nothing sits in front of a local simulator; saves a wrapper per send
         **kwargs,
     )
 

@@ -1,0 +1,225 @@
+"""Baselines as data, and the comparison of a candidate run against one.
+
+A saved session is ``{"plugin_version", "created_at", "tests": {key: entry}}`` where ``key`` is
+``<pytest node id>#<run index>`` (a test may run several workloads) and ``entry`` holds the run's
+fingerprint, workload, SLO, pooled summary and, per trial, the gated statistics plus compact
+per-request samples (for quick mode and plots).
+
+Which statistics are gated: every latency threshold of the test's main SLO (``ttft_p95``...) and
+goodput. The decision itself lives in :mod:`stats`; this module picks trials mode (at least two
+trials on each side) or quick mode (per-request sequences), and applies the session's multiplicity
+correction: Bonferroni over the session's family while a test runs (the family size is known from
+the baseline at collection, so a test can fail on the spot), then Holm over everything at the
+end, which can only find more regressions, never fewer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from . import __version__
+from .fingerprint import Fingerprint, ensure_comparable
+from .metrics import per_request_samples
+from .objectives import SLO
+from .runner import RunResult, TrialResult
+from .stats import Comparison, Verdict, compare_sequences, compare_trials, decide, holm
+from .store import pack_samples, unpack_samples
+
+SAMPLE_SERIES = ("ttft_s", "ttfvt_s", "tpot_s", "e2e_s", "good")
+GOODPUT_KEY = "goodput"
+
+
+@dataclass(frozen=True)
+class GatedStat:
+    key: str  # "ttft_p95" or "goodput"
+    metric: str | None  # Summary attribute ("ttft_s"); None for goodput
+    stat: str  # "p95", "mean"... or "rate" for goodput
+    higher_is_better: bool
+    unit: str
+
+
+def gated_stats(slo: SLO | None) -> list[GatedStat]:
+    out = []
+    if slo is not None and not slo.request_type:
+        for t in slo.latency:
+            out.append(GatedStat(t.key, f"{t.metric}_s", t.stat, False, "s"))
+    out.append(GatedStat(GOODPUT_KEY, None, "rate", True, "req/s"))
+    return out
+
+
+def trial_value(summary: Any, g: GatedStat) -> float | None:
+    if g.metric is None:
+        return float(summary.goodput_rps)
+    value = getattr(summary, g.metric).stat(g.stat)
+    return None if value is None else float(value)
+
+
+def trial_entry(trial: TrialResult, slo: SLO | None) -> dict[str, Any]:
+    samples = per_request_samples(trial.records, slo=slo)
+    start, end = trial.window_s
+    return {
+        "index": trial.index,
+        "started_at": trial.started_at,
+        "window_s": end - start,
+        "stats": {g.key: trial_value(trial.summary, g) for g in gated_stats(slo)},
+        "samples": {name: pack_samples(np.asarray(samples[name], dtype=float)) for name in SAMPLE_SERIES if name in samples},
+    }
+
+
+def fingerprint_for(result: RunResult, server: Any, gpu: Mapping[str, Any] | None = None) -> Fingerprint:
+    """The run's fingerprint. A remote server's GPU is not this machine's: pass ``gpu`` then."""
+    return Fingerprint.for_run(
+        engine=getattr(server, "preset", "unknown") or "unknown",
+        engine_version=getattr(server, "version", None) or "unknown",
+        model=result.model,
+        sampling=dict(result.workload.sampling),
+        sim_preset=getattr(server, "sim_preset", None),
+        workload=result.workload,
+        slo=result.slo.to_dict() if result.slo is not None else {},
+        gpu=gpu,
+    )
+
+
+def run_entry(result: RunResult, fingerprint: Fingerprint) -> dict[str, Any]:
+    return {
+        "label": result.label,
+        "model": result.model,
+        "workload": result.workload.to_dict(),
+        "slo": result.slo.to_dict() if result.slo is not None else None,
+        "fingerprint": fingerprint.to_dict(),
+        "summary": result.summary.to_dict(),
+        "trials": [trial_entry(t, result.slo) for t in result.trials],
+    }
+
+
+def session_document(entries: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "plugin_version": __version__,
+        "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "tests": dict(entries),
+    }
+
+
+def _sequences(entry: Mapping[str, Any], series: str) -> tuple[np.ndarray, float]:
+    arrays, window = [], 0.0
+    for trial in entry.get("trials", []):
+        packed = trial.get("samples", {}).get(series)
+        if packed is None:
+            continue
+        arrays.append(unpack_samples(packed))
+        window += float(trial.get("window_s") or 0.0)
+    return (np.concatenate(arrays) if arrays else np.asarray([], dtype=float)), window
+
+
+@dataclass
+class RunComparison:
+    """All gated statistics of one test run against its baseline entry."""
+
+    key: str
+    label: str
+    comparisons: list[Comparison] = field(default_factory=list)
+    allowed_diffs: list[str] = field(default_factory=list)
+
+    def regressions(self, strict: bool = False) -> list[Comparison]:
+        return [c for c in self.comparisons if c.verdict.fails(strict)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "label": self.label, "allowed_diffs": self.allowed_diffs,
+                "comparisons": [c.to_dict() for c in self.comparisons]}
+
+
+def compare_entries(
+    key: str,
+    baseline: Sequence[Mapping[str, Any]],
+    candidate: Mapping[str, Any],
+    *,
+    tolerance: float,
+    alpha: float,
+    allow: Sequence[str] = (),
+    family_size: int = 1,
+) -> RunComparison:
+    """Compare a candidate entry with baseline entries (the latest first, then pooled history).
+
+    Raises :class:`~pytest_llmperf.fingerprint.FingerprintMismatch` when the latest baseline's
+    fingerprint differs from the candidate's in a field not allowed to differ.
+    """
+    latest = baseline[0]
+    cand_fp = Fingerprint.from_dict(candidate["fingerprint"])
+    allowed = ensure_comparable(Fingerprint.from_dict(latest["fingerprint"]), cand_fp, allow)
+    slo = SLO.parse(candidate["slo"]) if candidate.get("slo") else None
+    base_trials = [t for entry in baseline for t in entry.get("trials", [])]
+    cand_trials = list(candidate.get("trials", []))
+    out = RunComparison(key=key, label=candidate.get("label", key),
+                        allowed_diffs=[d.describe() for d in allowed] if allowed else [])
+    for g in gated_stats(slo):
+        b_vals = [t["stats"].get(g.key) for t in base_trials]
+        c_vals = [t["stats"].get(g.key) for t in cand_trials]
+        if len(b_vals) >= 2 and len(c_vals) >= 2 and None not in b_vals and None not in c_vals:
+            comp = compare_trials(g.key, b_vals, c_vals, higher_is_better=g.higher_is_better,
+                                  tolerance=tolerance, alpha=alpha, unit=g.unit)
+        else:
+            series = "good" if g.metric is None else g.metric
+            b_seq, b_win = _sequences({"trials": base_trials[:1]}, series)
+            c_seq, c_win = _sequences({"trials": cand_trials}, series)
+            comp = compare_sequences(
+                g.key, b_seq, c_seq, statistic=g.stat, higher_is_better=g.higher_is_better,
+                tolerance=tolerance, alpha=alpha, unit=g.unit,
+                baseline_window_s=b_win if g.metric is None else None,
+                candidate_window_s=c_win if g.metric is None else None,
+            )
+        out.comparisons.append(_bonferroni(comp, family_size))
+    invalid = _invalid_reasons(candidate, "candidate") + _invalid_reasons(latest, "baseline")
+    if invalid:
+        # An invalid run is reported as invalid, never as a regression or a pass.
+        reason = "invalid run: " + "; ".join(invalid)
+        out.comparisons = [dataclasses.replace(c, verdict=Verdict.NOT_GATED, reason=reason) for c in out.comparisons]
+    return out
+
+
+def _invalid_reasons(entry: Mapping[str, Any], side: str) -> list[str]:
+    validity = (entry.get("summary") or {}).get("validity") or {}
+    if validity.get("valid", True):
+        return []
+    return [f"{side}: {r}" for r in validity.get("reasons", [])] or [f"{side} marked invalid"]
+
+
+def _bonferroni(c: Comparison, m: int) -> Comparison:
+    if not c.gated or m <= 1:
+        return c
+    p = min(1.0, c.p_value * m)
+    verdict, reason = decide(c.change, c.ci_low, c.ci_high, p, tolerance=c.tolerance, alpha=c.alpha,
+                             higher_is_better=c.higher_is_better)
+    return dataclasses.replace(c, p_adjusted=p, verdict=verdict, reason=reason)
+
+
+def session_holm(runs: Sequence[RunComparison]) -> list[RunComparison]:
+    """Holm across every gated statistic of the session; returns new RunComparisons."""
+    flat = [c for r in runs for c in r.comparisons]
+    adjusted = holm([dataclasses.replace(c, p_adjusted=c.p_value) for c in flat])
+    out, i = [], 0
+    for r in runs:
+        n = len(r.comparisons)
+        out.append(dataclasses.replace(r, comparisons=adjusted[i:i + n]))
+        i += n
+    return out
+
+
+def headline(runs: Sequence[RunComparison]) -> str:
+    counts: dict[str, int] = {}
+    for r in runs:
+        for c in r.comparisons:
+            counts[c.verdict.value] = counts.get(c.verdict.value, 0) + 1
+    order = [(Verdict.REGRESSED, "regression"), (Verdict.IMPROVED, "improvement"), (Verdict.UNCHANGED, "unchanged"),
+             (Verdict.INCONCLUSIVE, "inconclusive"), (Verdict.NOT_GATED, "not gated")]
+    parts = []
+    for verdict, word in order:
+        n = counts.get(verdict.value, 0)
+        if n:
+            plural = word + ("s" if n > 1 and word in ("regression", "improvement") else "")
+            parts.append(f"{n} {plural}")
+    return ", ".join(parts) if parts else "nothing compared"
