@@ -196,14 +196,16 @@ def _chunks(total: int, workers: int) -> list[int]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--experiments", type=int, default=1000, help="trials-mode experiments per scenario")
-    parser.add_argument("--quick-experiments", type=int, default=None, help="quick-mode experiments (default: experiments/5)")
+    parser.add_argument(
+        "--quick-experiments", type=int, default=None, help="quick-mode experiments (default: 15%% of --experiments)"
+    )
     parser.add_argument("--run-cv", type=float, default=0.03, help="true between-run CV of the simulated runs")
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument("--seed", type=int, default=20240601)
     args = parser.parse_args(argv)
     if args.experiments < 10:
         parser.error("--experiments must be at least 10")
-    quick_n = args.quick_experiments if args.quick_experiments is not None else max(10, args.experiments // 5)
+    quick_n = args.quick_experiments if args.quick_experiments is not None else max(10, args.experiments * 3 // 20)
     started = time.perf_counter()
     alpha, tol = DEFAULT_ALPHA, DEFAULT_TOLERANCE
 

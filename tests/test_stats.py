@@ -252,7 +252,6 @@ def test_quick_mode_block_bootstrap_keeps_aa_false_alarms_down():
         kw = dict(statistic="mean", higher_is_better=False, run_cv=0.0, n_resamples=300, seed=i, tolerance=0.0)
         blocked += compare_sequences("m", base, cand, **kw).verdict is Verdict.REGRESSED
         iid += compare_sequences("m", base, cand, block_len=1, **kw).verdict is Verdict.REGRESSED
-    print(blocked, iid)
     assert blocked / experiments <= 0.12
     assert iid / experiments >= 0.15
 

@@ -26,7 +26,7 @@ from starlette.types import Receive, Scope, Send
 
 from .. import __version__
 from .config import SimConfig
-from .engine import Engine
+from .engine import Engine, sleep_until
 from .exposition import METRICS_CONTENT_TYPE, SimMetrics
 from .kvcache import block_hashes
 from .perfmodel import PerfModel
@@ -418,7 +418,7 @@ class _Generation:
     async def _maybe_stall(self) -> None:
         cfg = self.state.config
         if cfg.stall_prob and self.state.rng.random() < cfg.stall_prob:
-            await asyncio.sleep(cfg.stall_s * cfg.time_scale)
+            await sleep_until(perf_counter() + cfg.stall_s * cfg.time_scale)
 
     def _drop(self) -> None:
         self.state.engine.abort(self.seq)

@@ -108,18 +108,25 @@ class Engine:
             else:
                 start = next_start
             deadline = start + plan.cost_s * scale
-            # sleep(0) still yields, so a zero-cost preset lets handlers write between steps.
-            await asyncio.sleep(0)
-            # uvloop's timers have millisecond granularity and may fire early; sleeping again for
-            # the remainder keeps every token at or after its modelled time.
-            while (delay := deadline - perf_counter()) > 0:
-                await asyncio.sleep(delay)
+            # Always yields (even for a zero-cost step) so handlers write between steps.
+            await sleep_until(deadline)
             first, done = core.complete(plan, perf_counter())
             if first and self.on_first_token is not None:
                 self.on_first_token(first)
             if done and self.on_finish is not None:
                 self.on_finish(done)
             next_start = deadline
+
+
+async def sleep_until(deadline: float) -> None:
+    """Sleep until ``perf_counter()`` reaches ``deadline``; always yields to the loop once.
+
+    uvloop's timers have millisecond granularity and may fire early, so sleep again for the
+    remainder: every token goes out at or after its modelled time, never before.
+    """
+    await asyncio.sleep(0)
+    while (delay := deadline - perf_counter()) > 0:
+        await asyncio.sleep(delay)
 
 
 def _release_waiter(seq: Sequence) -> None:
@@ -130,4 +137,4 @@ def _release_waiter(seq: Sequence) -> None:
             waiter.set_result(None)
 
 
-__all__ = ["Engine", "RESYNC_AFTER_S"]
+__all__ = ["Engine", "RESYNC_AFTER_S", "sleep_until"]

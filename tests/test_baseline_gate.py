@@ -1,0 +1,116 @@
+"""Baselines and verdicts through pytester, against the simulator: A/A passes, a slowdown fails
+with readable verdicts, an improvement reads IMPROVED, bad store states give clear errors."""
+
+import gzip
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+TEST_FILE = """
+from pytest_llmperf import Workload, slo
+
+# The 8B/H100 preset decodes in ~7 ms per token, so a 30% slowdown (~9 ms) crosses the 8 ms
+# threshold: TPOT regresses, and so does goodput (requests that kept every threshold).
+@slo(tpot_p95=0.008, ttft_p95=1.0)
+def test_chat(llmperf):
+    llmperf.run(Workload(input_tokens=128, output_tokens=32, rate_rps=20, num_requests=100, warmup_requests=10, seed=SEED))
+"""
+
+
+def _run(pytester, *args, seed=1):
+    pytester.makepyfile(test_chat=TEST_FILE.replace("SEED", str(seed)))
+    return pytester.runpytest("-p", "no:cacheprovider", "--llmperf-sim-preset", "llama-3.1-8b-h100", *args)
+
+
+def test_aa_passes_and_slowdown_regresses_tpot_and_goodput(pytester):
+    saved = _run(pytester, "--llmperf-save", "main", seed=1)
+    saved.assert_outcomes(passed=1)
+    saved.stdout.fnmatch_lines(["*saved baseline 'main'*"])
+
+    same = _run(pytester, "--llmperf-baseline", "main", seed=2)
+    same.assert_outcomes(passed=1)
+    assert "REGRESSED" not in same.stdout.str()
+    same.stdout.fnmatch_lines(["*against baseline 'main'*"])
+
+    slow = _run(pytester, "--llmperf-baseline", "main", "--llmperf-sim-args", "--slowdown 1.3", seed=3)
+    slow.assert_outcomes(failed=1)
+    out = slow.stdout.str()
+    assert "performance regressed against baseline 'main'" in out
+    slow.stdout.fnmatch_lines(["*REGRESSED: tpot_p95 * → * ms (+*%, 90% CI +*% … +*%, tolerance 5%)*",
+                               "*REGRESSED: goodput * → * req/s (−*%*"])
+
+
+def test_improvement_reads_improved(pytester):
+    _run(pytester, "--llmperf-save", "slow", "--llmperf-sim-args", "--slowdown 1.3").assert_outcomes(failed=1)
+    fast = _run(pytester, "--llmperf-baseline", "slow", seed=5)
+    fast.assert_outcomes(passed=1)
+    fast.stdout.fnmatch_lines(["*tpot_p95*IMPROVED*"])
+
+
+def test_too_few_requests_are_not_gated(pytester):
+    pytester.makepyfile(
+        test_small="""
+        from pytest_llmperf import Workload, slo
+
+        @slo(ttft_p99=1.0)
+        def test_small(llmperf):
+            llmperf.run(Workload(input_tokens=32, output_tokens=8, rate_rps=40, num_requests=15))
+        """
+    )
+    args = ["-p", "no:cacheprovider", "--llmperf-sim-preset", "tiny"]
+    pytester.runpytest(*args, "--llmperf-save", "main").assert_outcomes(passed=1)
+    result = pytester.runpytest(*args, "--llmperf-baseline", "main", "--llmperf-sim-args", "--slowdown 3")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*ttft_p99*NOT_GATED*"])
+
+
+def test_missing_baseline_is_reported_not_failed_unless_strict(pytester):
+    result = _run(pytester, "--llmperf-baseline", "nope")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*no baseline named 'nope'*--llmperf-save nope*"])
+    strict = _run(pytester, "--llmperf-baseline", "nope", "--llmperf-strict")
+    strict.assert_outcomes(failed=1)
+
+
+def test_corrupt_baseline_names_the_file_and_is_left_alone(pytester):
+    _run(pytester, "--llmperf-save", "main").assert_outcomes(passed=1)
+    files = list((pytester.path / ".llmperf" / "baselines" / "main").glob("*.json.gz"))
+    assert len(files) == 1
+    raw = files[0].read_bytes()
+    files[0].write_bytes(raw[: len(raw) // 2])
+    truncated = files[0].read_bytes()
+    result = _run(pytester, "--llmperf-baseline", "main", "--llmperf-save", "main")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert files[0].name in result.stderr.str()
+    assert files[0].read_bytes() == truncated  # never overwritten by that session
+    assert len(list(files[0].parent.glob("*.json.gz"))) == 1
+
+
+def test_newer_schema_is_refused(pytester):
+    _run(pytester, "--llmperf-save", "main").assert_outcomes(passed=1)
+    path = next((pytester.path / ".llmperf" / "baselines" / "main").glob("*.json.gz"))
+    import json
+
+    doc = json.loads(gzip.decompress(path.read_bytes()))
+    doc["schema_version"] = 999
+    path.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    result = _run(pytester, "--llmperf-baseline", "main")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "999" in result.stderr.str() and path.name in result.stderr.str()
+
+
+def test_unwritable_store_fails_before_any_load(pytester):
+    blocker = pytester.path / "not_a_dir"
+    blocker.write_text("a file where the store should be")
+    result = _run(pytester, "--llmperf-save", "main", "--llmperf-store", str(blocker / "store"))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--llmperf-save main" in result.stderr.str()
+    assert "llmperf summary" not in result.stdout.str()
+
+
+def test_fingerprint_mismatch_is_refused_naming_the_field(pytester):
+    _run(pytester, "--llmperf-save", "main").assert_outcomes(passed=1)
+    other = _run(pytester, "--llmperf-baseline", "main", "--llmperf-sim-preset", "tiny")
+    other.assert_outcomes(failed=1)
+    other.stdout.fnmatch_lines(["*not comparable*sim_preset*"])
