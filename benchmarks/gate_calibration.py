@@ -160,7 +160,12 @@ def run_quick_chunk(args: tuple[int, int, float, bool]) -> dict:
                     kw = dict(run_cv=prior, seed=seed * 1_000_003 + i)
                     if stat_name == "p95":
                         cmp = compare_sequences(
-                            "p95", base.latency_s[0], cand.latency_s[0], statistic="p95", higher_is_better=False, **kw
+                            "p95",
+                            base.latency_s[0],
+                            cand.latency_s[0],
+                            statistic="p95",
+                            higher_is_better=False,
+                            **kw,
                         )
                     else:
                         cmp = compare_sequences(
@@ -190,41 +195,52 @@ def _merge(results: list[dict]) -> dict:
 
 def _chunks(total: int, workers: int) -> list[int]:
     base, extra = divmod(total, workers)
-    return [base + (1 if i < extra else 0) for i in range(workers) if base + (1 if i < extra else 0) > 0]
+    sizes = [base + (1 if i < extra else 0) for i in range(workers)]
+    return [size for size in sizes if size > 0]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--experiments", type=int, default=1000, help="trials-mode experiments per scenario")
     parser.add_argument(
-        "--quick-experiments", type=int, default=None, help="quick-mode experiments (default: 15%% of --experiments)"
+        "--experiments", type=int, default=1000, help="trials-mode experiments per scenario"
     )
-    parser.add_argument("--run-cv", type=float, default=0.03, help="true between-run CV of the simulated runs")
+    parser.add_argument(
+        "--quick-experiments",
+        type=int,
+        default=None,
+        help="quick-mode experiments (default: 15%% of --experiments)",
+    )
+    parser.add_argument(
+        "--run-cv", type=float, default=0.03, help="true between-run CV of the simulated runs"
+    )
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument("--seed", type=int, default=20240601)
     args = parser.parse_args(argv)
     if args.experiments < 10:
         parser.error("--experiments must be at least 10")
-    quick_n = args.quick_experiments if args.quick_experiments is not None else max(10, args.experiments * 3 // 20)
+    quick_n = args.quick_experiments
+    if quick_n is None:
+        quick_n = max(10, args.experiments * 3 // 20)
     started = time.perf_counter()
     alpha, tol = DEFAULT_ALPHA, DEFAULT_TOLERANCE
 
+    k, h = DEFAULT_TRIALS, HISTORY_TRIALS
+    # (label, baseline trials, candidate trials, true run CV)
     trial_scenarios = [
-        (f"trials {DEFAULT_TRIALS} vs {DEFAULT_TRIALS} (default)", DEFAULT_TRIALS, DEFAULT_TRIALS, args.run_cv),
-        (f"trials {DEFAULT_TRIALS - 1} vs {DEFAULT_TRIALS - 1}", DEFAULT_TRIALS - 1, DEFAULT_TRIALS - 1, args.run_cv),
-        (f"trials {HISTORY_TRIALS} (history) vs {DEFAULT_TRIALS}", HISTORY_TRIALS, DEFAULT_TRIALS, args.run_cv),
-        (f"trials {HISTORY_TRIALS} (history) vs 3", HISTORY_TRIALS, 3, args.run_cv),
-        (f"trials {DEFAULT_TRIALS} vs {DEFAULT_TRIALS}, run CV 2%", DEFAULT_TRIALS, DEFAULT_TRIALS, 0.02),
-        (f"trials {DEFAULT_TRIALS} vs {DEFAULT_TRIALS}, run CV 4%", DEFAULT_TRIALS, DEFAULT_TRIALS, 0.04),
+        (f"trials {k} vs {k} (default)", k, k, args.run_cv),
+        (f"trials {k - 1} vs {k - 1}", k - 1, k - 1, args.run_cv),
+        (f"trials {h} (history) vs {k}", h, k, args.run_cv),
+        (f"trials {h} (history) vs 3", h, 3, args.run_cv),
+        (f"trials {k} vs {k}, run CV 2%", k, k, 0.02),
+        (f"trials {k} vs {k}, run CV 4%", k, k, 0.04),
     ]
     rows = []
     naive_rate = None
     trial_cv_note = ""
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         for idx, (label, nb, nc, cv) in enumerate(trial_scenarios):
-            jobs = [
-                (args.seed + 1000 * idx + j, n, nb, nc, cv) for j, n in enumerate(_chunks(args.experiments, args.workers))
-            ]
+            chunks = _chunks(args.experiments, args.workers)
+            jobs = [(args.seed + 1000 * idx + j, n, nb, nc, cv) for j, n in enumerate(chunks)]
             res = _merge(list(pool.map(run_trials_chunk, jobs)))
             if idx == 0:
                 naive_rate = float(np.mean(res["naive"]))
@@ -246,12 +262,16 @@ def main(argv: list[str] | None = None) -> int:
             for stat_name in ("p95", "goodput"):
                 if within_only:
                     fa, inc = _verdict_row(res["verdicts"][(stat_name, 0.0, 0.0)])
-                    rows.append(("quick, no run effect, prior 0", stat_name, quick_n, fa, inc, None, None, None))
+                    label = "quick, no run effect, prior 0"
+                    rows.append((label, stat_name, quick_n, fa, inc, None, None, None))
                     continue
                 fa, inc = _verdict_row(res["verdicts"][(stat_name, 0.0, 0.0)])
                 rows.append(("quick, run CV prior 0", stat_name, quick_n, fa, inc, None, None, None))
                 fa, inc = _verdict_row(res["verdicts"][(stat_name, 0.0, DEFAULT_QUICK_RUN_CV)])
-                powers = [_verdict_row(res["verdicts"][(stat_name, e, DEFAULT_QUICK_RUN_CV)])[0] for e in EFFECTS[1:]]
+                powers = [
+                    _verdict_row(res["verdicts"][(stat_name, e, DEFAULT_QUICK_RUN_CV)])[0]
+                    for e in EFFECTS[1:]
+                ]
                 label = f"quick, run CV prior {DEFAULT_QUICK_RUN_CV:.0%} (default)"
                 rows.append((label, stat_name, quick_n, fa, inc, *powers))
 
@@ -263,19 +283,30 @@ def main(argv: list[str] | None = None) -> int:
         f"true run-to-run CV {args.run_cv:.0%} (unless noted)"
     )
     print(trial_cv_note)
-    header = f"{'scenario':<38} {'stat':<8} {'n':>5}  {'A/A false alarm':>15}  {'A/A inconcl.':>12}  {'power 1δ':>8}  {'2δ':>6}  {'3δ':>6}"
+    header = (
+        f"{'scenario':<38} {'stat':<8} {'n':>5}  {'A/A false alarm':>15}  {'A/A inconcl.':>12}  "
+        f"{'power 1δ':>8}  {'2δ':>6}  {'3δ':>6}"
+    )
     print(header)
     print("-" * len(header))
     for label, stat_name, n, fa, inc, p1, p2, p3 in rows:
-        print(f"{label:<38} {stat_name:<8} {n:>5}  {pct(fa):>15}  {pct(inc):>12}  {pct(p1):>8}  {pct(p2):>6}  {pct(p3):>6}")
+        print(
+            f"{label:<38} {stat_name:<8} {n:>5}  {pct(fa):>15}  {pct(inc):>12}  "
+            f"{pct(p1):>8}  {pct(p2):>6}  {pct(p3):>6}"
+        )
     print("-" * len(header))
+    pooled = 2 * DEFAULT_TRIALS * N_REQUESTS
     print(
-        f"naive request-level test (one-sided Mann–Whitney over the {2 * DEFAULT_TRIALS * N_REQUESTS} pooled "
-        f"requests of the default A/A trials): false alarm {naive_rate:.1%} at nominal α = {alpha:g}"
+        f"naive request-level test (one-sided Mann–Whitney over the {pooled} pooled requests of "
+        f"the default A/A trials): false alarm {naive_rate:.1%} at nominal α = {alpha:g}"
     )
-    se = math.sqrt(alpha * (1 - alpha) / args.experiments)
-    print(f"(Monte-Carlo standard error of a rate near α: ±{se:.1%} in trials mode, "
-          f"±{math.sqrt(alpha * (1 - alpha) / quick_n):.1%} in quick mode; {time.perf_counter() - started:.0f} s)")
+    se_trials = math.sqrt(alpha * (1 - alpha) / args.experiments)
+    se_quick = math.sqrt(alpha * (1 - alpha) / quick_n)
+    elapsed = time.perf_counter() - started
+    print(
+        f"(Monte-Carlo standard error of a rate near α: ±{se_trials:.1%} in trials mode, "
+        f"±{se_quick:.1%} in quick mode; {elapsed:.0f} s)"
+    )
     return 0
 
 

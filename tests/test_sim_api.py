@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -10,7 +12,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pytest_llmperf.sim import SimConfig, build_app, chat_overhead_tokens, start_in_thread
+from pytest_llmperf.sim import PortInUseError, SimConfig, build_app, chat_overhead_tokens, start_in_thread
 
 MODEL = "llmperf/tiny-sim"
 WORDS = " the data model system value"
@@ -299,3 +301,59 @@ def test_stop_is_quick_with_streams_in_flight():
         future.result(timeout=10)
     assert stopped_in < 1.5 and not handle.running
     assert outcome and "data: [DONE]" not in lines  # the cut stream is visibly incomplete
+
+
+def test_build_app_serves_without_a_socket():
+    async def main():
+        app = build_app(SimConfig(preset="zero", model_name=MODEL))
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://sim") as c:
+            whole = await c.post("/v1/chat/completions", json=chat_body(max_tokens=4))
+            streamed = await c.post("/v1/completions", json={"prompt": "x", "max_tokens": 3, "ignore_eos": True, "stream": True})
+        await app.state.sim.engine.aclose()
+        return whole.json(), streamed.text
+
+    whole, streamed = asyncio.run(main())
+    assert whole["usage"]["completion_tokens"] == 4
+    assert streamed.count("data: {") == 3 and streamed.endswith("data: [DONE]\n\n")
+
+
+def test_start_in_thread_on_a_busy_port_says_so():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(PortInUseError, match=f"port {port} on 127.0.0.1 is already in use"):
+            start_in_thread(SimConfig(preset="tiny"), port=port)
+
+
+def test_enable_thinking_per_request_streams_reasoning_first():
+    import httpx as _httpx
+
+    from pytest_llmperf.sim.server import SimConfig, start_in_thread
+
+    with start_in_thread(SimConfig(preset="tiny")) as sim:
+        body = {"messages": [{"role": "user", "content": "the of and"}], "max_tokens": 300, "ignore_eos": True,
+                "stream": True, "stream_options": {"include_usage": True},
+                "chat_template_kwargs": {"enable_thinking": True}}
+        kinds = []
+        usage = None
+        with _httpx.stream("POST", sim.base_url + "/chat/completions", json=body, timeout=30) as resp:
+            for line in resp.iter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                import json as _json
+
+                chunk = _json.loads(line[6:])
+                if chunk.get("usage") and not chunk["choices"]:
+                    usage = chunk["usage"]
+                for choice in chunk["choices"]:
+                    delta = choice.get("delta", {})
+                    if delta.get("reasoning_content"):
+                        kinds.append("r")
+                    elif delta.get("content"):
+                        kinds.append("c")
+        assert kinds[0] == "r" and kinds[-1] == "c"
+        assert kinds.count("r") == 256 and "r" not in kinds[kinds.index("c"):]
+        assert usage["completion_tokens"] == 300
+        assert usage["completion_tokens_details"]["reasoning_tokens"] == 256

@@ -52,13 +52,17 @@ the Politis–White (2004, corrected 2009) automatic choice for the circular blo
 computed on normal scores of the ranks (heavy tails and failed requests must not dominate the
 autocorrelation estimate), with a floor of ⌈n^(1/3)⌉ (the MSE-optimal order for variance
 estimation), capped at n/4. Block resampling cuts the covariance across block ends and so
-understates the variance by a first-order factor 1 − Σ|k|γ(k) / (ℓ Σγ(k)) (Künsch 1989); the
+understates the variance by a first-order factor 1 − Σ|k|γ(k) / (ℓ·Σγ(k)) (Künsch 1989); the
 replicates are widened by its inverse, estimated with the same flat-top kernel (without it, lag-1
-correlations of 0.8–0.9 push A/A false alarms from 5% to ~8%; with it, ~7%). A single trial cannot see run-to-run variation (a different clock, a
-different batch alignment), so ``run_cv`` adds a prior between-run coefficient of variation to
-each side (default :data:`DEFAULT_QUICK_RUN_CV`); estimate it from a baseline's trial statistics
-with :func:`estimate_run_cv`. Without it quick mode raises false alarms well above α whenever
-runs differ by a few percent, which is why results are labelled ``mode="quick"``.
+correlations of 0.8–0.9 push A/A false alarms from 5% to ~8%; with it, ~7%).
+
+A single trial cannot see run-to-run variation (a different clock, a different batch
+alignment), so ``run_cv`` adds a prior between-run coefficient of variation to each side
+(default :data:`DEFAULT_QUICK_RUN_CV`) by widening the bootstrap replicates of θ with
+N(0, 2·log(1 + run_cv²)); estimate it from a baseline's trial statistics with
+:func:`estimate_run_cv`. Without it quick mode raises false alarms above α whenever runs differ
+by a few percent (the benchmark: 7–8% for p95 at a true run CV of 3%, 2–3% with the prior),
+and the prior in turn costs power: quick mode is a fallback, labelled ``mode="quick"``.
 
 Failed requests in quick mode (NaN in the latency sequence):
 
@@ -231,16 +235,24 @@ class Comparison:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:
-            raise ValueError(f"Comparison.from_dict: unknown keys {unknown}; valid keys: {sorted(names)}")
-        missing = sorted(f.name for f in dataclasses.fields(cls) if f.name not in data and f.name not in ("reason", "method"))
+            raise ValueError(
+                f"Comparison.from_dict: unknown keys {unknown}; valid keys: {sorted(names)}"
+            )
+        optional = ("reason", "method")
+        missing = sorted(n for n in names if n not in data and n not in optional)
         if missing:
             raise ValueError(f"Comparison.from_dict: missing keys {missing}")
         kwargs = dict(data)
+        if kwargs["mode"] not in MODES:
+            raise ValueError(
+                f"Comparison.from_dict: mode {data['mode']!r} is not one of {list(MODES)}"
+            )
         try:
             kwargs["verdict"] = Verdict(kwargs["verdict"])
         except ValueError:
+            valid = [v.value for v in Verdict]
             raise ValueError(
-                f"Comparison.from_dict: verdict {data['verdict']!r} is not one of {[v.value for v in Verdict]}"
+                f"Comparison.from_dict: verdict {data['verdict']!r} is not one of {valid}"
             ) from None
         for key in _FLOAT_FIELDS:
             kwargs[key] = _float_from_json(kwargs[key], key)
@@ -281,9 +293,15 @@ def decide(
             f"(p = {p_adjusted:.3g} ≥ α = {alpha:g}); more trials would settle it"
         )
     elif p_adjusted < alpha:
-        reason = f"significantly worse, by {_format_pct(abs(change))}: within the {tol} tolerance but the interval reaches past it"
+        reason = (
+            f"significantly worse, by {_format_pct(abs(change))}: within the {tol} tolerance "
+            "but the interval reaches past it"
+        )
     else:
-        reason = f"interval {_format_pct(ci_low)} … {_format_pct(ci_high)} is wider than ±{tol}; more trials would settle it"
+        reason = (
+            f"interval {_format_pct(ci_low)} … {_format_pct(ci_high)} is wider than ±{tol}; "
+            "more trials would settle it"
+        )
     return Verdict.INCONCLUSIVE, reason
 
 
@@ -440,12 +458,17 @@ def compare_sequences(
         windows = {"baseline_window_s": baseline_window_s, "candidate_window_s": candidate_window_s}
         for key, w in windows.items():
             if w is None or not (math.isfinite(w) and w > 0):
-                raise ValueError(f"{name}: statistic 'rate' needs {key} > 0 (goodput = good requests / window), got {w!r}")
+                raise ValueError(
+                    f"{name}: statistic 'rate' needs {key} > 0 (goodput = good requests / window), "
+                    f"got {w!r}"
+                )
         b = np.where(np.isnan(b), 0.0, b)
         c = np.where(np.isnan(c), 0.0, c)
         for side, arr in (("baseline", b), ("candidate", c)):
             if not np.isin(arr, (0.0, 1.0)).all():
-                raise ValueError(f"{name}: statistic 'rate' needs a {side} sequence of 0/1 good-request indicators")
+                raise ValueError(
+                    f"{name}: statistic 'rate' needs a {side} sequence of 0/1 good-request indicators"
+                )
         prepared = (b, c)
         stat = _RateStat(float(baseline_window_s), float(candidate_window_s))  # type: ignore[arg-type]
         min_n, need = MIN_TAIL_SAMPLES, f"at least {MIN_TAIL_SAMPLES} requests per side"
@@ -470,17 +493,24 @@ def compare_sequences(
 
     b_val = stat.observed(prepared[0], 0)
     c_val = stat.observed(prepared[1], 1)
-    for side, val, arr in (("baseline", b_val, prepared[0]), ("candidate", c_val, prepared[1])):
+    if isinstance(stat, _QuantileStat):
         # The percentile is undefined once it lands on (or interpolates towards) a failed request.
-        if isinstance(stat, _QuantileStat) and not val <= np.max(arr[arr < stat.sentinel], initial=-np.inf):
+        shown = [stat.defined_or_inf(v, a) for v, a in ((b_val, prepared[0]), (c_val, prepared[1]))]
+        for side, val, arr in (("baseline", shown[0], prepared[0]), ("candidate", shown[1], prepared[1])):
+            if math.isfinite(val):
+                continue
             failed = float(np.mean(arr >= stat.sentinel))
             return _not_gated(
                 common,
                 f"{side} {statistic} is undefined: {failed:.1%} of its requests failed; "
                 "failures are gated by error_rate and goodput",
+                baseline_value=shown[0],
+                candidate_value=shown[1],
             )
     if not (b_val > 0):
-        return _not_gated(common, f"baseline {statistic} is {b_val:g}; a relative change from it is undefined")
+        return _not_gated(
+            common, f"baseline {statistic} is {b_val:g}; a relative change from it is undefined"
+        )
     with np.errstate(divide="ignore"):
         theta = float(np.log(c_val) - np.log(b_val))
 
@@ -528,6 +558,10 @@ class _QuantileStat:
 
     def observed(self, arr: np.ndarray, side: int) -> float:
         return float(np.quantile(arr, self.q))
+
+    def defined_or_inf(self, value: float, arr: np.ndarray) -> float:
+        """``value`` if it lies among real latencies, else +inf (it touched a failed request)."""
+        return value if value <= np.max(arr[arr < self.sentinel], initial=-np.inf) else math.inf
 
     def batch(self, rows: np.ndarray, side: int) -> np.ndarray:
         return np.quantile(rows, self.q, axis=1)
@@ -679,7 +713,9 @@ def trials_needed(
     ``max_trials + 1`` when even ``max_trials`` is not enough.
     """
     if not (run_cv > 0 and effect > 0 and 0 < alpha < 0.5 and 0 < power < 1):
-        raise ValueError("trials_needed: needs run_cv > 0, effect > 0, 0 < alpha < 0.5, 0 < power < 1")
+        raise ValueError(
+            "trials_needed: needs run_cv > 0, effect > 0, 0 < alpha < 0.5, 0 < power < 1"
+        )
     sigma = math.sqrt(math.log1p(run_cv**2))
     delta = math.log1p(effect)
     for n in range(MIN_TRIALS, max_trials + 1):
@@ -695,9 +731,15 @@ def trials_needed(
 
 
 def _build(
-    common: dict[str, Any], b_val: float, c_val: float, theta: float, lo: float, hi: float, p_worse: float
+    common: dict[str, Any],
+    b_val: float,
+    c_val: float,
+    theta: float,
+    lo: float,
+    hi: float,
+    p_worse: float,
 ) -> Comparison:
-    change = math.expm1(theta) if theta < _THETA_CLIP else math.inf
+    change = math.expm1(theta) if theta < 700 else math.inf  # expm1 overflows past ~709
     ci_low, ci_high = math.expm1(lo), math.expm1(hi)
     verdict, reason = decide(
         change,
@@ -724,7 +766,11 @@ def _build(
 
 
 def _not_gated(
-    common: dict[str, Any], reason: str, *, baseline_value: float = math.nan, candidate_value: float = math.nan
+    common: dict[str, Any],
+    reason: str,
+    *,
+    baseline_value: float = math.nan,
+    candidate_value: float = math.nan,
 ) -> Comparison:
     nan = math.nan
     fields = {"method": ""} | common
@@ -747,7 +793,9 @@ def _check_common(name: str, tolerance: float, alpha: float) -> None:
     if not isinstance(name, str) or not name:
         raise ValueError(f"comparison name must be a non-empty string, got {name!r}")
     if not (isinstance(tolerance, (int, float)) and math.isfinite(tolerance) and 0 <= tolerance < 1):
-        raise ValueError(f"{name}: tolerance must be a relative change in [0, 1), e.g. 0.05 for 5%; got {tolerance!r}")
+        raise ValueError(
+            f"{name}: tolerance must be a relative change in [0, 1), e.g. 0.05 for 5%; got {tolerance!r}"
+        )
     if not (isinstance(alpha, (int, float)) and 0 < alpha < 0.5):
         raise ValueError(f"{name}: alpha must be in (0, 0.5), e.g. 0.05; got {alpha!r}")
 
@@ -836,5 +884,7 @@ def _float_from_json(v: Any, key: str) -> float:
     if v in ("inf", "-inf"):
         return float(v)
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ValueError(f"Comparison.from_dict: {key} must be a number, null, 'inf' or '-inf'; got {v!r}")
+        raise ValueError(
+            f"Comparison.from_dict: {key} must be a number, null, 'inf' or '-inf'; got {v!r}"
+        )
     return float(v)

@@ -17,7 +17,8 @@ from typing import Any, Callable
 import uvicorn
 from starlette.applications import Starlette
 
-from .app import SIMULATED_DROP, SimState, build_app
+from .app import SimState, build_app
+from .responses import SIMULATED_DROP
 from .config import SimConfig
 
 # How long uvicorn lets in-flight responses finish on shutdown before cancelling them. The
