@@ -12,15 +12,19 @@ from pytest_llmperf import Workload, slo
 
 # The 8B/H100 preset decodes in ~7 ms per token, so a 30% slowdown (~9 ms) crosses the 8 ms
 # threshold: TPOT regresses, and so does goodput (requests that kept every threshold).
-@slo(tpot_p95=0.008, ttft_p95=1.0)
+# Quick mode (one trial per side) gates percentiles only with enough requests beyond them
+# (p95 needs 400), so these short runs gate the median.
+@slo(tpot_p50=0.008, ttft_p50=1.0)
 def test_chat(llmperf):
     llmperf.run(Workload(input_tokens=128, output_tokens=32, rate_rps=20, num_requests=100, warmup_requests=10, seed=SEED))
 """
 
 
-def _run(pytester, *args, seed=1):
+def _run(pytester, *args, seed=1, trials=1):
+    """One session; quick mode (one trial per side) unless trials says otherwise, to keep tests short."""
     pytester.makepyfile(test_chat=TEST_FILE.replace("SEED", str(seed)))
-    return pytester.runpytest("-p", "no:cacheprovider", "--llmperf-sim-preset", "llama-3.1-8b-h100", *args)
+    return pytester.runpytest("-p", "no:cacheprovider", "--llmperf-sim-preset", "llama-3.1-8b-h100",
+                              "--llmperf-trials", str(trials), *args)
 
 
 def test_aa_passes_and_slowdown_regresses_tpot_and_goodput(pytester):
@@ -37,15 +41,38 @@ def test_aa_passes_and_slowdown_regresses_tpot_and_goodput(pytester):
     slow.assert_outcomes(failed=1)
     out = slow.stdout.str()
     assert "performance regressed against baseline 'main'" in out
-    slow.stdout.fnmatch_lines(["*REGRESSED: tpot_p95 * → * ms (+*%, 90% CI +*% … +*%, tolerance 5%)*",
+    slow.stdout.fnmatch_lines(["*REGRESSED: tpot_p50 * → * ms (+*%, 90% CI +*% … +*%, tolerance 5%*",
                                "*REGRESSED: goodput * → * req/s (−*%*"])
+
+
+def test_trials_mode_aa_passes_and_slowdown_regresses(pytester):
+    pytester.makepyfile(
+        test_trials="""
+        from pytest_llmperf import Workload, slo
+
+        @slo(tpot_p50=0.008, tpot_p95=0.02)
+        def test_chat(llmperf):
+            r = llmperf.run(Workload(input_tokens=128, output_tokens=32, rate_rps=30, num_requests=40, warmup_requests=4))
+            assert len(r.trials) == 3
+        """
+    )
+    args = ["-p", "no:cacheprovider", "--llmperf-sim-preset", "llama-3.1-8b-h100", "--llmperf-trials", "3"]
+    pytester.runpytest(*args, "--llmperf-save", "main").assert_outcomes(passed=1)
+    same = pytester.runpytest(*args, "--llmperf-baseline", "main", "--llmperf-sim-args", "--seed 5")
+    same.assert_outcomes(passed=1)
+    assert "REGRESSED" not in same.stdout.str()
+    slow = pytester.runpytest(*args, "--llmperf-baseline", "main", "--llmperf-sim-args", "--slowdown 1.3")
+    slow.assert_outcomes(failed=1)
+    slow.stdout.fnmatch_lines(["*REGRESSED: tpot_p50*", "*REGRESSED: goodput*"])
+    # 3 trials x 40 requests are too few for a p95 (400 needed): reported, not gated
+    slow.stdout.fnmatch_lines(["*tpot_p95*NOT_GATED*too few samples for p95*"])
 
 
 def test_improvement_reads_improved(pytester):
     _run(pytester, "--llmperf-save", "slow", "--llmperf-sim-args", "--slowdown 1.3").assert_outcomes(failed=1)
     fast = _run(pytester, "--llmperf-baseline", "slow", seed=5)
     fast.assert_outcomes(passed=1)
-    fast.stdout.fnmatch_lines(["*tpot_p95*IMPROVED*"])
+    fast.stdout.fnmatch_lines(["*tpot_p50*IMPROVED*"])
 
 
 def test_too_few_requests_are_not_gated(pytester):

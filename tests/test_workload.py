@@ -67,7 +67,8 @@ def test_content_hash_ignores_names_but_not_traffic():
     a = Workload(rate_rps=1, duration_s=1, name="a")
     b = Workload(rate_rps=1, duration_s=1, name="b", trials=3)
     c = Workload(rate_rps=2, duration_s=1)
-    assert a.content_hash() == b.content_hash() != c.content_hash()
+    d = Workload(rate_rps=1, duration_s=1, seed=9)
+    assert a.content_hash() == b.content_hash() == d.content_hash() != c.content_hash()
 
 
 def test_yaml_multiple_workloads_and_mix(tmp_path):

@@ -16,6 +16,7 @@ end, which can only find more regressions, never fewer.
 from __future__ import annotations
 
 import dataclasses
+import math
 import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -27,7 +28,7 @@ from .fingerprint import Fingerprint, ensure_comparable
 from .metrics import per_request_samples
 from .objectives import SLO
 from .runner import RunResult, TrialResult
-from .stats import Comparison, Verdict, compare_sequences, compare_trials, decide, holm
+from .stats import DEFAULT_QUICK_RUN_CV, MIN_TAIL_SAMPLES, Comparison, Verdict, compare_sequences, compare_trials, decide, estimate_run_cv, holm
 from .store import pack_samples, unpack_samples
 
 SAMPLE_SERIES = ("ttft_s", "ttfvt_s", "tpot_s", "e2e_s", "good")
@@ -157,18 +158,22 @@ def compare_entries(
     out = RunComparison(key=key, label=candidate.get("label", key),
                         allowed_diffs=[d.describe() for d in allowed] if allowed else [])
     for g in gated_stats(slo):
-        b_vals = [t["stats"].get(g.key) for t in base_trials]
-        c_vals = [t["stats"].get(g.key) for t in cand_trials]
+        b_vals = [_trial_stat(t, g) for t in base_trials]
+        c_vals = [_trial_stat(t, g) for t in cand_trials]
         if len(b_vals) >= 2 and len(c_vals) >= 2 and None not in b_vals and None not in c_vals:
             comp = compare_trials(g.key, b_vals, c_vals, higher_is_better=g.higher_is_better,
                                   tolerance=tolerance, alpha=alpha, unit=g.unit)
+            comp = _tail_floor(comp, g, base_trials, cand_trials)
         else:
             series = "good" if g.metric is None else g.metric
             b_seq, b_win = _sequences({"trials": base_trials[:1]}, series)
             c_seq, c_win = _sequences({"trials": cand_trials}, series)
+            # Quick mode cannot see run-to-run variation; a baseline with trials can tell us its size.
+            known = [v for v in b_vals if v is not None and v > 0 and math.isfinite(v)]
+            run_cv = estimate_run_cv(known) if len(known) >= 2 else DEFAULT_QUICK_RUN_CV
             comp = compare_sequences(
                 g.key, b_seq, c_seq, statistic=g.stat, higher_is_better=g.higher_is_better,
-                tolerance=tolerance, alpha=alpha, unit=g.unit,
+                tolerance=tolerance, alpha=alpha, unit=g.unit, run_cv=run_cv,
                 baseline_window_s=b_win if g.metric is None else None,
                 candidate_window_s=c_win if g.metric is None else None,
             )
@@ -186,6 +191,37 @@ def _invalid_reasons(entry: Mapping[str, Any], side: str) -> list[str]:
     if validity.get("valid", True):
         return []
     return [f"{side}: {r}" for r in validity.get("reasons", [])] or [f"{side} marked invalid"]
+
+
+def _tail_floor(comp: Comparison, g: GatedStat, base: list, cand: list) -> Comparison:
+    """A percentile needs about MIN_TAIL_SAMPLES requests beyond it (pooled over a side's trials):
+    below that, each trial's "p99" is really its maximum, and it is reported, not gated."""
+    if not g.stat.startswith("p") or not comp.gated:
+        return comp
+    q = float(g.stat[1:]) / 100.0
+    sizes = []
+    for trials in (base, cand):
+        n = 0
+        for t in trials:
+            packed = t.get("samples", {}).get(g.metric)
+            n += int(np.isfinite(unpack_samples(packed)).sum()) if packed is not None else 0
+        sizes.append(n)
+    need = int(math.ceil(MIN_TAIL_SAMPLES / (1.0 - q)))
+    if min(sizes) >= need:
+        return comp
+    reason = (f"too few samples for {g.stat}: {min(sizes)} requests on the smaller side, {need} needed "
+              f"for {MIN_TAIL_SAMPLES} beyond the percentile; reported, not gated")
+    return dataclasses.replace(comp, verdict=Verdict.NOT_GATED, reason=reason)
+
+
+def _trial_stat(trial: Mapping[str, Any], g: GatedStat) -> float | None:
+    value = trial["stats"].get(g.key)
+    if value is None or g.metric is not None:
+        return value
+    # Goodput is a count over a window; half a request of continuity correction keeps the log-ratio
+    # defined when a side had no good request at all (a collapse to zero must read REGRESSED).
+    window = float(trial.get("window_s") or 0.0)
+    return value + 0.5 / window if window > 0 else value
 
 
 def _bonferroni(c: Comparison, m: int) -> Comparison:

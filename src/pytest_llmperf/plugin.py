@@ -18,6 +18,7 @@ from .servers.process import ProcessReaper
 from .objectives import SLO, SLOError, check
 from .fingerprint import FingerprintMismatch
 from .gate import RunComparison, compare_entries, fingerprint_for, gated_stats, headline, run_entry, session_document, session_holm
+from .stats import DEFAULT_TRIALS
 from .store import BaselineMissing, BaselineStore, StoreError
 from .workload import Workload
 
@@ -191,7 +192,10 @@ class LLMPerf:
         opts = self._session.options
         server = self.server
         workload = workload.scaled(opts.duration_scale)
-        n_trials = trials or _marker_trials(self.slos) or workload.trials or opts.trials or 1
+        # A gate needs replicates: default to the calibrated trial count when saving or comparing
+        # (see stats.DEFAULT_TRIALS and benchmarks/gate_calibration.py), one trial otherwise.
+        gating_default = DEFAULT_TRIALS if (opts.save or opts.baseline) else 1
+        n_trials = trials or _marker_trials(self.slos) or workload.trials or opts.trials or gating_default
         printer = self._session.progress_printer(self._item.name)
         runner = Runner(
             server.base_url,

@@ -351,9 +351,10 @@ class Workload:
         return cls(**_checked_keys(data, cls, source))
 
     def content_hash(self) -> str:
-        """Hash of what determines the traffic (not of names or trial counts) for fingerprints."""
+        """Hash of the traffic's *distribution* for fingerprints: not names, trial counts, workers or
+        the seed (two seeds draw two samples of the same traffic, which is what an A/A run is)."""
         data = self.to_dict()
-        for key in ("name", "trials", "workers"):
+        for key in ("name", "trials", "workers", "seed"):
             data.pop(key, None)
         blob = json.dumps(data, sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
