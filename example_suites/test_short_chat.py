@@ -1,7 +1,9 @@
 """Short chat turns (256 prompt tokens, 128 answer tokens), cold and warm prefix cache.
 
-The SLOs are what an interactive chat product promises per request; goodput counts the requests
-that kept every one of them.
+The thresholds are what an interactive chat product promises per request; goodput counts the
+requests that kept every one of them. Medians are gated against a baseline in every session;
+p95 needs about 400 requests per side before a comparison of it is trusted, so with short trials it
+is checked as an absolute SLO and reported, not gated.
 """
 
 import pytest
@@ -9,10 +11,10 @@ import pytest
 from pytest_llmperf import Workload, slo
 
 
-@slo(ttft_p95=0.25, tpot_p95=0.015, error_rate=0.01)
+@slo(ttft_p50=0.1, ttft_p95=0.25, tpot_p50=0.010, tpot_p95=0.015, error_rate=0.01)
 @pytest.mark.parametrize("cache", ["cold", "warm"])
 def test_short_chat(llmperf, cache):
     result = llmperf.run(
-        Workload(input_tokens=256, output_tokens=128, rate_rps=8, duration_s=10, warmup_s=2, cache=cache)
+        Workload(input_tokens=256, output_tokens=128, rate_rps=12, duration_s=5, warmup_s=1, cache=cache)
     )
-    assert result.summary.completed >= 40
+    assert result.summary.completed >= 40 * len(result.trials)
