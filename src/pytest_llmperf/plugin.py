@@ -6,6 +6,7 @@ this module only wires pytest's lifecycle to it.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
@@ -77,6 +78,11 @@ class LLMPerfSession:
         self.late_regressions: list[str] = []
         self.saved_path: str | None = None
         self.save_error: str | None = None
+        self.slo_checks: dict[str, list[Any]] = {}
+        self.gate_errors: dict[str, str] = {}
+        self.outcomes: dict[str, str] = {}
+        self.report_paths: list[str] = []
+        self.report_error: str | None = None
 
     def load_baseline(self) -> None:
         """Read the baseline once, before any load is generated; a bad file stops the session."""
@@ -226,8 +232,7 @@ class LLMPerf:
 
     def _gate(self, key: str, result: RunResult, server: ServerInfo) -> None:
         session = self._session
-        if session.store is None:
-            return
+        session.slo_checks[key] = list(result.slo_checks)
         # A remote server's GPUs are not this machine's: do not fingerprint our own.
         gpu = None if server.launched else {"gpu_name": "remote", "gpu_count": 0, "gpu_driver": "remote"}
         entry = run_entry(result, fingerprint_for(result, server, gpu=gpu))
@@ -245,7 +250,9 @@ class LLMPerf:
             comparison = compare_entries(key, base, entry, tolerance=tolerance, alpha=opts.alpha,
                                          allow=opts.allowed_diffs, family_size=session.family_size)
         except FingerprintMismatch as exc:
-            self.gate_errors.append(f"baseline {opts.baseline!r} not comparable: {exc}")
+            message = f"baseline {opts.baseline!r} not comparable: {exc}"
+            self.gate_errors.append(message)
+            session.gate_errors[key] = message
             return
         self.comparisons.append(comparison)
         session.comparisons.append(comparison)
@@ -398,6 +405,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             # Holm over the whole session finds what the per-test Bonferroni bound could not.
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
             perf.late_regressions = [c.message() for c in newly]
+    if perf.entries:
+        _write_reports(perf)
     if perf.options.save and perf.entries and exitstatus != pytest.ExitCode.INTERRUPTED:
         try:
             path = perf.store.save(perf.options.save, session_document(perf.entries))  # type: ignore[union-attr]
@@ -405,6 +414,47 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         except StoreError as exc:
             perf.save_error = str(exc)
             session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[pytest.TestReport]:
+    report = yield
+    session = item.config.stash.get(SESSION_KEY, None)
+    if session is not None and item.stash.get(PERF_KEY, None) is not None:
+        if report.when == "call" or (report.failed and report.when == "setup"):
+            outcome = "error" if report.when == "setup" else report.outcome
+            session.outcomes[item.nodeid] = outcome
+        elif report.failed and report.when == "teardown":
+            session.outcomes[item.nodeid] = "error"
+    return report
+
+
+def _write_reports(session: LLMPerfSession) -> None:
+    from .report.document import build_document
+    from .report.writers import write_reports
+
+    info = session.servers.info
+    server = None
+    if info is not None:
+        server = {"preset": info.preset, "version": info.version, "model": info.model,
+                  "base_url": info.base_url, "startup_s": info.startup_s, "launched": info.launched}
+    doc = build_document(
+        session.entries,
+        baseline=session.baseline if session.options.baseline else None,
+        comparisons={c.key: c for c in session.comparisons},
+        slo_checks=session.slo_checks,
+        gate_errors=session.gate_errors,
+        outcomes=session.outcomes,
+        server=server,
+        baseline_name=session.options.baseline,
+        baseline_source=session.baseline_source,
+    )
+    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    try:
+        paths = write_reports(doc, session.options.report_path, github_step_summary=step_summary or None)
+        session.report_paths = [str(p) for p in paths]
+    except OSError as exc:
+        session.report_error = f"could not write reports to {session.options.report_path}: {exc}"
 
 
 def _check_report_dir(session: LLMPerfSession) -> None:
@@ -492,6 +542,10 @@ def _write_verdicts(tr: Any, session: LLMPerfSession) -> None:
         tr.write_line(f"saved baseline {opts.save!r}: {session.saved_path}")
     if session.save_error:
         tr.write_line(f"could not save baseline {opts.save!r}: {session.save_error}", red=True)
+    if session.report_paths:
+        tr.write_line(f"reports: {opts.report_path}/ ({', '.join(Path(p).name for p in session.report_paths)})")
+    if session.report_error:
+        tr.write_line(session.report_error, red=True)
 
 
 # ---------------------------------------------------------------------- fixtures
