@@ -52,6 +52,9 @@ def test_cold_run_has_no_prefix_hits_and_warm_run_hits_with_lower_ttft(sim):
     assert cold_tel["deltas"]["prefix_cache_queries"] > 0
     assert warm_tel["deltas"]["prefix_cache_hits"] > 0.5 * warm_tel["deltas"]["prefix_cache_queries"]
     assert warm.summary.ttft_s.p50 < 0.6 * cold.summary.ttft_s.p50
+    # the plugin's own verification reads the same counters
+    assert cold.cache_check.held is True and cold.cache_check.source == "server metrics"
+    assert warm.cache_check.held is True and warm.cache_check.hit_tokens > 0
     # the server's own counts: prompts hit the requested length
     assert all(r.prompt_tokens == 2048 for r in cold.records if r.ok)
     assert all(r.output_tokens == 16 for r in cold.records if r.ok)

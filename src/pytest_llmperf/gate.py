@@ -94,6 +94,8 @@ def run_entry(result: RunResult, fingerprint: Fingerprint) -> dict[str, Any]:
         "slo": result.slo.to_dict() if result.slo is not None else None,
         "fingerprint": fingerprint.to_dict(),
         "summary": result.summary.to_dict(),
+        "cache_check": result.cache_check.to_dict() if result.cache_check is not None else None,
+        "telemetry": [t.telemetry for t in result.trials],
         "trials": [trial_entry(t, result.slo) for t in result.trials],
     }
 

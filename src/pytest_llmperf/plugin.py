@@ -179,6 +179,7 @@ class LLMPerf:
         self.comparisons: list[RunComparison] = []
         self.gate_errors: list[str] = []
         self.notes: list[str] = []
+        self.cache_failures: list[str] = []
 
     @property
     def slo(self) -> SLO | None:
@@ -209,6 +210,7 @@ class LLMPerf:
             api_key=self._session.api_key,
             length_fields=server.length_fields,
             metrics_url=server.metrics_url,
+            reset_cache_url=server.reset_cache_url,
             progress=printer,
             progress_interval_s=printer.interval_s,
         )
@@ -223,6 +225,11 @@ class LLMPerf:
             except SLOError as exc:
                 pytest.fail(f"llmperf: {exc}", pytrace=False)
         result.slo_checks = checks
+        cache = result.cache_check
+        if cache is not None and cache.held is False:
+            # A warm/cold result that is not what it claims must not pass silently.
+            self.notes.append(cache.message)
+            self.cache_failures.append(f"cache state did not hold in {result.label}: {cache.message}")
         key = f"{self._item.nodeid}#{len(self.results)}"
         self.results.append(result)
         self._session.results.append((self._item.nodeid, result))
@@ -289,6 +296,7 @@ class LLMPerf:
                 lines.append(f"performance regressed against baseline {self._session.options.baseline!r} in {comparison.label}:")
                 lines.extend(f"  {c.verdict.value.upper()}: {c.message()}" for c in bad)
         lines.extend(self.gate_errors)
+        lines.extend(self.cache_failures)
         if strict and self.notes:
             lines.extend(f"{note} (--llmperf-strict)" for note in self.notes)
         if lines:

@@ -19,8 +19,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import httpx
 import numpy as np
 
+from .cache_check import CacheCheck
+from .cache_check import verify as verify_cache
 from .client import StreamingClient
 from .loadgen import LoadGenerator, Progress
 from .metrics import Summary, summarize
@@ -66,6 +69,7 @@ class RunResult:
     slo: SLO | None = None
     slo_checks: list[Any] = field(default_factory=list)
     label: str = ""
+    cache_check: CacheCheck | None = None
 
     @property
     def records(self) -> list[RequestRecord]:
@@ -120,6 +124,7 @@ class Runner:
         send_ignore_eos: bool = True,
         length_fields: Callable[[int, bool, int | None], dict[str, Any]] | None = None,
         metrics_url: str | None = None,
+        reset_cache_url: str | None = None,
         progress: Callable[[Progress], None] | None = None,
         progress_interval_s: float = 2.0,
     ) -> None:
@@ -131,6 +136,10 @@ class Runner:
         self.length_fields = length_fields
         # Where the server's Prometheus metrics live; None skips server telemetry.
         self.metrics_url = metrics_url
+        # POSTed before every trial where the engine offers it (vLLM /reset_prefix_cache, SGLang
+        # /flush_cache), so each trial starts from the same cache state; its warm-up re-warms it.
+        self.reset_cache_url = reset_cache_url
+        self.cache_resets_failed = 0
         self.progress = progress
         self.progress_interval_s = progress_interval_s
         self._token_models: dict[str, TokenModel] = {}
@@ -157,6 +166,8 @@ class Runner:
             token_model=token_model.to_dict(),
             slo=slo,
             label=workload.label(),
+            cache_check=verify_cache(workload.cache, [t.telemetry for t in results],
+                                     [r for t in results for r in t.records]),
         )
 
     def _client(self, origin_s: float, workload: Workload | None = None) -> StreamingClient:
@@ -199,6 +210,18 @@ class Runner:
         self._token_models[api] = token_model
         return token_model
 
+    async def _reset_cache(self) -> None:
+        if not self.reset_cache_url:
+            return
+        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        try:
+            async with httpx.AsyncClient(timeout=30.0, trust_env=False) as http:
+                resp = await http.post(self.reset_cache_url, headers=headers)
+            if resp.status_code >= 400:
+                self.cache_resets_failed += 1
+        except httpx.HTTPError:
+            self.cache_resets_failed += 1
+
     async def _probe_usage(self, client: StreamingClient, api: str) -> TokenModel:
         """No /tokenize: fit the word->token line from two tiny requests' usage.prompt_tokens."""
         fallback = estimated_model(api)
@@ -225,6 +248,7 @@ class Runner:
             expected[i] = request.prompt_tokens_expected
             return request
 
+        await self._reset_cache()
         origin = time.perf_counter()
         started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         async with self._client(origin, workload) as client:

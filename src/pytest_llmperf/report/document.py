@@ -14,7 +14,7 @@ Shape (``schema_version`` 1; ``pytest_llmperf/schemas/llmperf-report.schema.json
       "tests": [
         {"nodeid", "name", "outcome": "passed|failed|error|skipped|unknown",
          "runs": [
-           {"key", "label", "workload", "fingerprint", "slo", "summary",
+           {"key", "label", "workload", "fingerprint", "slo", "summary", "cache_check", "telemetry",
             "slo_checks": [SLOCheck dicts], "slo_passed": bool | null,
             "verdicts": [Comparison dicts], "allowed_diffs": [...], "gate_error": str | null,
             "baseline_summary": Summary dict | null,
@@ -79,6 +79,8 @@ def build_document(
             "fingerprint": entry.get("fingerprint"),
             "slo": entry.get("slo"),
             "summary": entry.get("summary"),
+            "cache_check": entry.get("cache_check"),
+            "telemetry": entry.get("telemetry"),
             "slo_checks": checks,
             "slo_passed": (all(c.get("passed") for c in checks) if checks else None),
             "verdicts": verdicts,

@@ -24,6 +24,7 @@ def run_result_to_dict(result: Any, *, include_records: bool = True) -> dict[str
         "prompt_tokens_error": result.prompt_tokens_error,
         "slo": result.slo.to_dict() if result.slo is not None else None,
         "slo_checks": [_plain(c) for c in result.slo_checks],
+        "cache_check": result.cache_check.to_dict() if result.cache_check is not None else None,
         "trials": [
             {
                 "index": t.index,
