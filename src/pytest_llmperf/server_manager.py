@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import httpx
 
-from .servers.presets import EngineNotFound, LaunchSpec, PresetError, build_launch, read_version
+from .servers.presets import EngineNotFound, LaunchSpec, PresetError, build_launch, get_preset, read_version
 from .servers.process import ProcessReaper, ServerProcess, ServerStartError, free_port
 
 
@@ -155,6 +155,8 @@ class ServerManager:
             sim_args=cfg.sim_args if cfg.preset == "sim" else None,
             command=cfg.command if cfg.preset == "command" else None,
             health_path=cfg.health_path,
+            # e.g. vLLM serves /reset_prefix_cache only in dev mode; the plugin resets between trials
+            env=dict(get_preset(cfg.preset).reset_cache_env),
         )
         cfg.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = cfg.log_dir / f"server-{cfg.preset}-{time.strftime('%Y%m%d-%H%M%S')}.log"
