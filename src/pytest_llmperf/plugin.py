@@ -5,6 +5,7 @@ this module only wires pytest's lifecycle to it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any, Iterator
@@ -131,9 +132,7 @@ class ProgressPrinter:
         ttft = f", p95 TTFT {fmt_s(p.ttft_p95_s)}" if p.ttft_p95_s is not None else ""
         line = (f"llmperf {self.label}: {p.elapsed_s:5.1f} s {p.phase}, {p.completed} done, "
                 f"{p.failed} failed, {p.in_flight} in flight{ttft}")
-        capman = self.config.pluginmanager.get_plugin("capturemanager")
-        ctx = capman.global_and_fixture_disabled() if capman is not None else _null()
-        with ctx:
+        with self._uncaptured():
             if self.interactive:
                 self.tr.write("\r" + line.ljust(100)[:100], flush=True)
                 self._wrote = True
@@ -142,18 +141,13 @@ class ProgressPrinter:
 
     def done(self) -> None:
         if self._wrote and self.tr is not None:
-            capman = self.config.pluginmanager.get_plugin("capturemanager")
-            ctx = capman.global_and_fixture_disabled() if capman is not None else _null()
-            with ctx:
+            with self._uncaptured():
                 self.tr.write("\r" + " " * 100 + "\r", flush=True)
 
-
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
+    def _uncaptured(self) -> Any:
+        # Output capture is on while a test runs; progress must reach the real terminal.
+        capman = self.config.pluginmanager.get_plugin("capturemanager")
+        return capman.global_and_fixture_disabled() if capman is not None else contextlib.nullcontext()
 
 
 SESSION_KEY = pytest.StashKey[LLMPerfSession]()
@@ -289,6 +283,9 @@ class LLMPerf:
             where = f"run {i + 1} ({result.label})" if len(self.results) > 1 else result.label
             lines.append(f"SLO breached in {where}:")
             lines.extend(f"  {c.message}" for c in bad)
+            digest = _failed_requests(result)
+            if digest:
+                lines.append(f"  {digest}")
         strict = self._session.options.strict
         for comparison in self.comparisons:
             bad = comparison.regressions(strict)
@@ -305,6 +302,19 @@ class LLMPerf:
                 tail = "\n".join("    " + ln for ln in info.process.log_tail(20))
                 lines.append(f"  the server exited during the run (code {info.process.exited_code()}); log tail:\n{tail}")
         return lines
+
+
+def _failed_requests(result: RunResult) -> str | None:
+    """One line naming why requests failed (kinds and the first detail): an error rate alone
+    does not tell a 429 from a dead server."""
+    s = result.summary
+    if not s.failed:
+        return None
+    kinds = ", ".join(f"{kind} x{n}" for kind, n in s.errors_by_kind.items())
+    failed = [r for r in result.records if not r.ok and r.error_kind != "cancelled" and r.error_detail]
+    failed.sort(key=lambda r: r.phase != "measure")
+    first = f"; first: {failed[0].error_detail}" if failed else ""
+    return f"{s.failed} of {s.requests} measured requests failed ({kinds}){first}"
 
 
 def _marker_trials(slos: list[SLO]) -> int | None:
@@ -508,6 +518,9 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         if not s.validity.valid:
             status += " (invalid run)"
             notes.append(f"{nodeid.split('::')[-1]}: invalid run: {'; '.join(s.validity.reasons)}")
+        digest = _failed_requests(result)
+        if digest:
+            notes.append(f"{nodeid.split('::')[-1]}: {digest}")
         rows.append([
             nodeid.split("::")[-1],
             result.label,
