@@ -24,6 +24,7 @@ import asyncio
 import json
 import os
 import re
+import subprocess
 import sys
 import threading
 import time
@@ -154,8 +155,10 @@ async def serve(config: BadServerConfig, state: _State, host: str, port: int) ->
                 if config.log_headers:
                     print(f"request {request.method} {request.path} headers={request.headers}", flush=True)
                 await _answer(config, state, request, writer)
-        except (ConnectionError, asyncio.IncompleteReadError):
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
             pass
+        except asyncio.CancelledError:
+            pass  # server shutdown while a handler stalls: end quietly
         finally:
             writer.close()
 
@@ -326,11 +329,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--startup", choices=("ok", "never", "crash"), default="ok",
                         help="never: hold the port but never answer /health; crash: exit 3 while loading")
     parser.add_argument("--log-headers", action="store_true", help="print every request's headers")
-    parser.add_argument("--pid-file", default=None, help="write this process's pid here once started")
+    parser.add_argument("--pid-file", default=None,
+                        help="write 'server_pid worker_pid' here once started (a sleeping worker child is spawned, "
+                             "the way engines spawn workers, so teardown of the whole group can be checked)")
     args = parser.parse_args(argv)
     if args.pid_file:
-        with open(args.pid_file, "w") as fh:
-            fh.write(str(os.getpid()))
+        worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        tmp = args.pid_file + ".tmp"
+        with open(tmp, "w") as fh:
+            fh.write(f"{os.getpid()} {worker.pid}")
+        os.replace(tmp, args.pid_file)  # a reader never sees half the line
     print("loading weights (bad server)", flush=True)
     if args.startup == "crash":
         print("RuntimeError: CUDA out of memory while loading the bad model", flush=True)

@@ -7,11 +7,16 @@
 
 Times are offsets in seconds from the start of the arrival stream. They are drawn up front from a
 seeded generator so a run is reproducible and the schedule never depends on how the client keeps up.
+:class:`Pacer` then releases each request at its instant.
 """
 
 from __future__ import annotations
 
-from typing import Iterator
+import asyncio
+import os
+import sys
+import time
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -54,3 +59,114 @@ def arrival_times(
         for gap in gaps(process, rate_rps, burstiness, rng, batch):
             t += float(gap)
             yield t
+
+
+# ---------------------------------------------------------------------- the pacer
+
+# Below this distance the fallback pacer stops sleeping and yields until the deadline: asyncio's
+# selector wait takes whole milliseconds (epoll), so a plain sleep is late by up to ~1 ms.
+_SPIN_S = 0.0015
+
+
+class Pacer:
+    """Releases each request at its scheduled instant, without millisecond quantisation.
+
+    asyncio's (and uvloop's) timers wake the loop through an epoll timeout counted in whole
+    milliseconds, so ``asyncio.sleep`` is late by up to a millisecond per request; benchmark clients
+    that sleep gap by gap turn that into an under-delivered rate. Here every wait targets an
+    absolute ``time.perf_counter()`` instant (no drift can accumulate), and on Linux the loop is
+    woken by a ``timerfd`` armed at that instant with nanosecond resolution: the kernel makes
+    the file descriptor readable on time and the loop's selector returns at once. Elsewhere (or
+    if ``timerfd`` is unavailable) the pacer sleeps to within 1.5 ms of the instant and then
+    yields to the loop until it is reached, which costs a little CPU per request.
+
+    One pacer serves one event loop; call :meth:`close` when done.
+    """
+
+    def __init__(self, *, use_timerfd: bool = True) -> None:
+        self._fd: int | None = None
+        self._libc: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        if use_timerfd:
+            self._open_timerfd()
+
+    @property
+    def precise(self) -> bool:
+        """True when waits are woken by a kernel timer (no spinning)."""
+        return self._fd is not None
+
+    def _open_timerfd(self) -> None:
+        if not sys.platform.startswith("linux"):
+            return
+        # timerfd's CLOCK_MONOTONIC must be the clock behind perf_counter for absolute deadlines.
+        if "CLOCK_MONOTONIC" not in time.get_clock_info("perf_counter").implementation:
+            return
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = libc.timerfd_create(_CLOCK_MONOTONIC, _TFD_NONBLOCK | _TFD_CLOEXEC)
+        except (OSError, AttributeError):
+            return
+        if fd < 0:
+            return
+        self._libc = libc
+        self._fd = fd
+
+    def _arm(self, when_s: float) -> bool:
+        import ctypes
+
+        sec = int(when_s)
+        nsec = int((when_s - sec) * 1e9)
+        spec = (ctypes.c_long * 4)(0, 0, sec, max(nsec, 1) if sec == 0 else nsec)
+        return self._libc.timerfd_settime(self._fd, _TFD_TIMER_ABSTIME, ctypes.byref(spec), None) == 0
+
+    def _fired(self) -> None:
+        try:
+            os.read(self._fd, 8)  # type: ignore[arg-type]
+        except (BlockingIOError, InterruptedError):
+            return  # spurious wake-up: the timer has not expired yet
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def wait_until(self, when_s: float) -> None:
+        """Return at ``time.perf_counter() >= when_s`` (at once if that time has passed)."""
+        if time.perf_counter() >= when_s:
+            return
+        if self._fd is not None:
+            loop = asyncio.get_running_loop()
+            if self._loop is not loop:
+                if self._loop is not None:
+                    self._loop.remove_reader(self._fd)
+                loop.add_reader(self._fd, self._fired)
+                self._loop = loop
+            if self._arm(when_s):
+                self._waiter = loop.create_future()
+                try:
+                    await self._waiter
+                finally:
+                    self._waiter = None
+                return
+        delay = when_s - time.perf_counter() - _SPIN_S
+        if delay > 0:
+            await asyncio.sleep(delay)
+        while time.perf_counter() < when_s:
+            await asyncio.sleep(0)
+
+    def close(self) -> None:
+        if self._fd is None:
+            return
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_reader(self._fd)
+        os.close(self._fd)
+        self._fd = None
+        self._loop = None
+
+
+# <sys/timerfd.h>, <time.h> on Linux (all architectures)
+_CLOCK_MONOTONIC = 1
+_TFD_TIMER_ABSTIME = 1
+_TFD_NONBLOCK = os.O_NONBLOCK
+_TFD_CLOEXEC = os.O_CLOEXEC

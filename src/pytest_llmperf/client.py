@@ -8,6 +8,17 @@ streams, error events) are written into the record and never raised; only
 ``asyncio.CancelledError`` propagates, because the load generator cancels requests still in
 flight at its deadline and marks them itself.
 
+Why streams do not go through httpx: a perf gate whose client saturates first measures itself.
+httpx's streaming path costs ~60 µs of CPU per streamed chunk (h11 in pure Python, anyio and
+several coroutine layers per read, a fixed 64 KiB read size), which one core can sustain for
+only ~15k chunks/s. Streaming requests therefore run on a small HTTP/1.1 keep-alive pool built
+on asyncio protocols with httptools (the C parser uvicorn uses): bytes are parsed in the
+transport's ``data_received`` callback, with no coroutine switch per chunk, whatever size the
+transport read (256 KiB per read; nothing waits for a buffer to fill), and each read is
+timestamped *before* it is parsed, so parsing cost never shifts a chunk's time. That path is
+~4x cheaper per chunk (benchmarks/client_vs_peer.py, docs/performance.md). httpx still serves
+the rare helper calls (models, tokenize, health) and any custom ``transport`` (tests, ASGI apps).
+
 Token accounting (``chunk_tokens``, ``output_tokens``):
 
 - ``usage`` on every chunk (vLLM's ``continuous_usage_stats``): each text-bearing chunk gets the
@@ -25,12 +36,17 @@ when a server echoes it back) and never shown by ``repr``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import ssl
 import time
+import zlib
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
+import httptools
 import httpx
 
 from .records import PreparedRequest, RequestRecord
@@ -44,8 +60,7 @@ _DETAIL_CHARS = 300
 # that answers an error with megabytes of HTML.
 _ERROR_BODY_BYTES = 16 * 1024
 _REDACTED = "***"
-# Connections per httpx pool; see the comment in StreamingClient.__init__.
-_SHARD_CONNECTIONS = 32
+_USER_AGENT = "pytest-llmperf"
 
 
 class ClientError(RuntimeError):
@@ -62,6 +77,10 @@ class _Failure(Exception):
         self.status_code = status_code
 
 
+class _Stale(Exception):
+    """A reused keep-alive connection was closed by the server before answering: retry once."""
+
+
 @dataclass(slots=True)
 class _Progress:
     """What one stream has shown so far beyond the record's own fields."""
@@ -75,16 +94,29 @@ class _Progress:
     last_event_s: float | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class EncodedRequest:
+    """A request serialised ahead of its send time (JSON body and, for the fast path, the whole
+    HTTP/1.1 message), so that encoding a long prompt never delays the send itself."""
+
+    request: PreparedRequest
+    path: str
+    body: bytes
+    wire: bytes
+
+
 class StreamingClient:
-    """Async OpenAI-compatible streaming client on one pooled ``httpx.AsyncClient``.
+    """Async OpenAI-compatible streaming client.
 
     ``base_url`` is the OpenAI base ending in ``/v1``; ``root_url`` (``base_url`` minus ``/v1``)
     serves ``/tokenize``, ``/detokenize`` and ``/health``. ``timeout_s`` bounds connecting,
     waiting for a free pooled connection and every wait for data (a stall), not the whole
-    stream: a long generation that keeps streaming is not a timeout. ``model=None`` omits the
-    ``model`` field (servers serving one model accept that). ``transport`` replaces the network
-    (tests, in-process ASGI apps). Environment proxies are ignored so that a ``HTTP_PROXY``
-    setting cannot silently put a proxy into the measured path.
+    stream: a long generation that keeps streaming is not a timeout. At most ``max_connections``
+    connections are open at once; they are opened on demand and kept alive. ``model=None`` omits
+    the ``model`` field (servers serving one model accept that). ``transport`` replaces the
+    network (tests, in-process ASGI apps) and routes streams through httpx. Environment proxies
+    are ignored so that a ``HTTP_PROXY`` setting cannot silently put a proxy into the measured
+    path.
 
     Use as ``async with StreamingClient(...) as client:`` (or call :meth:`aclose`).
     """
@@ -121,38 +153,38 @@ class StreamingClient:
         headers = {"Accept-Encoding": "identity"}  # raw bytes: no decompression per chunk
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
-        # httpcore's pool bookkeeping runs on every request start and end and costs up to
-        # (idle connections x pool size) (encode/httpcore#1035), which at a thousand connections
-        # dominates the client's CPU. Several small pools, each request going to the least busy
-        # one, keep that cost bounded while the total stays max_connections.
-        if transport is not None:
-            sizes = [max_connections]
-        else:
-            count = -(-max_connections // _SHARD_CONNECTIONS)
-            base, extra = divmod(max_connections, count)
-            sizes = [base + (1 if i < extra else 0) for i in range(count)]
-        # One TLS context for all pools: loading the CA bundle takes tens of ms per context.
+        # One TLS context for everything: loading the CA bundle takes tens of ms per context.
         # Plain HTTP never uses it, so it then holds no CA certificates at all.
-        if self.base_url.startswith("https://"):
-            tls: ssl.SSLContext = httpx.create_ssl_context()
-        else:
-            tls = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-        self._pools = [
-            httpx.AsyncClient(
-                headers=headers,
-                timeout=httpx.Timeout(self.timeout_s),
-                limits=httpx.Limits(max_connections=size, max_keepalive_connections=size),
-                http1=True,
-                http2=False,
-                follow_redirects=False,
-                trust_env=False,
-                verify=tls,
-                transport=transport,
-            )
-            for size in sizes
-        ]
-        self._in_flight = [0] * len(sizes)
-        self._http = self._pools[0]  # helper calls (models, tokenize, health) are rare
+        https = self.base_url.startswith("https://")
+        tls: ssl.SSLContext = httpx.create_ssl_context() if https else ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        self._http = httpx.AsyncClient(
+            headers=headers,
+            timeout=httpx.Timeout(self.timeout_s),
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            http1=True,
+            http2=False,
+            follow_redirects=False,
+            trust_env=False,
+            verify=tls,
+            transport=transport,
+        )
+        # Streams take the protocol-based pool unless a transport was injected (see module doc).
+        self._pool: _Pool | None = None
+        self._wire_head: dict[str, bytes] = {}
+        if transport is None:
+            parts = urlsplit(self.base_url)
+            host = parts.hostname or ""
+            port = parts.port or (443 if https else 80)
+            self._pool = _Pool(host, port, tls if https else None, max_connections, self.timeout_s,
+                               f"{parts.scheme}://{parts.netloc}")
+            host_header = parts.netloc.rsplit("@", 1)[-1]
+            for api, suffix in (("chat", "/chat/completions"), ("completions", "/completions")):
+                lines = [f"POST {parts.path.rstrip('/')}{suffix} HTTP/1.1", f"Host: {host_header}",
+                         f"User-Agent: {_USER_AGENT}", "Accept: text/event-stream",
+                         "Accept-Encoding: identity", "Content-Type: application/json"]
+                if api_key:
+                    lines.append(f"Authorization: Bearer {api_key}")
+                self._wire_head[api] = ("\r\n".join(lines) + "\r\nContent-Length: ").encode("latin-1")
 
     def __repr__(self) -> str:
         key = _REDACTED if self._api_key else None
@@ -165,8 +197,14 @@ class StreamingClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        for pool in self._pools:
-            await pool.aclose()
+        if self._pool is not None:
+            self._pool.close()
+        await self._http.aclose()
+
+    @property
+    def open_connections(self) -> int:
+        """Connections the streaming pool holds open now (idle or busy)."""
+        return self._pool.open if self._pool is not None else 0
 
     # ------------------------------------------------------------------ streaming requests
 
@@ -192,29 +230,82 @@ class StreamingClient:
         body.update(req.extra_body)
         return body
 
-    async def send(self, req: PreparedRequest, record: RequestRecord) -> RequestRecord:
+    def encode(self, req: PreparedRequest) -> EncodedRequest:
+        """Serialise ``req`` now; :meth:`send` accepts the result and sends it without more work.
+
+        The load generator encodes each request before its scheduled time, so a long prompt's
+        JSON encoding (milliseconds for 100k tokens) is never part of the dispatch lag.
+        """
+        body = json.dumps(self.build_body(req), separators=(",", ":")).encode()
+        path = "/chat/completions" if req.api == "chat" else "/completions"
+        head = self._wire_head.get(req.api)
+        wire = head + str(len(body)).encode() + b"\r\n\r\n" + body if head is not None else b""
+        return EncodedRequest(req, path, body, wire)
+
+    async def send(self, req: PreparedRequest | EncodedRequest, record: RequestRecord) -> RequestRecord:
         """Send ``req`` now, stream the answer into ``record`` and return it.
 
-        Sets ``sent_s`` right before the request goes out. Never raises for a failed request:
+        Sets ``sent_s`` right before the request's bytes are written (after a connection was
+        found, so waiting for one counts as dispatch lag). Never raises for a failed request:
         the failure is in ``record.error_kind`` / ``error_detail`` / ``status_code``. Raises
         ``ValueError`` for an unknown ``req.api`` (a programming error, not a server fault) and
         lets ``asyncio.CancelledError`` through, leaving what was measured on the record.
         """
-        body = self.build_body(req)
-        url = f"{self.base_url}/chat/completions" if req.api == "chat" else f"{self.base_url}/completions"
+        encoded = req if isinstance(req, EncodedRequest) else self.encode(req)
         progress = _Progress()
+        try:
+            if self._pool is not None:
+                await self._send_pooled(encoded, record, progress)
+            else:
+                await self._send_httpx(encoded, record, progress)
+        finally:
+            _settle_tokens(record, progress)
+        return record
+
+    async def _send_pooled(self, encoded: EncodedRequest, record: RequestRecord, progress: _Progress) -> None:
+        pool = self._pool
+        assert pool is not None
+        chat = encoded.request.api == "chat"
+        for attempt in (0, 1):
+            try:
+                conn = await pool.acquire()
+            except _Failure as exc:
+                record.sent_s = time.perf_counter() - self.origin_s
+                self._fail(record, exc.kind, exc.detail, exc.status_code)
+                return
+            reused = conn.uses > 0
+            exchange = _Exchange(self, record, progress, chat, conn)
+            record.sent_s = time.perf_counter() - self.origin_s
+            conn.start(exchange, encoded.wire)
+            try:
+                outcome = await exchange.future
+            except asyncio.CancelledError:
+                exchange.abandon()
+                pool.release(conn, reusable=False)
+                raise
+            exchange.stop_timer()
+            if outcome is _STALE and reused and attempt == 0:
+                pool.release(conn, reusable=False)
+                continue
+            pool.release(conn, reusable=exchange.reusable)
+            if isinstance(outcome, _Failure):
+                self._fail(record, outcome.kind, outcome.detail, outcome.status_code)
+            elif outcome is _STALE:
+                self._fail(record, "disconnect", "connection broken: server closed it before answering")
+            return
+
+    async def _send_httpx(self, encoded: EncodedRequest, record: RequestRecord, progress: _Progress) -> None:
+        url = self.base_url + encoded.path
         response: httpx.Response | None = None
-        in_flight = self._in_flight
-        shard = in_flight.index(min(in_flight)) if len(in_flight) > 1 else 0
-        http = self._pools[shard]
-        request = http.build_request("POST", url, json=body)
-        in_flight[shard] += 1
+        http = self._http
+        request = http.build_request("POST", url, content=encoded.body,
+                                     headers={"content-type": "application/json"})
         record.sent_s = time.perf_counter() - self.origin_s
         try:
             response = await http.send(request, stream=True)
             record.status_code = response.status_code
             await self._check_response(response)
-            await self._consume(response, record, progress, req.api == "chat")
+            await self._consume(response, record, progress, encoded.request.api == "chat")
             if not record.ok:
                 raise _Failure("disconnect", "stream ended without [DONE] or a finish_reason")
         except _Failure as exc:
@@ -230,30 +321,28 @@ class StreamingClient:
         except Exception as exc:  # noqa: BLE001 - a request failure must land in the record
             self._fail(record, "client", f"{type(exc).__name__}: {exc}")
         finally:
-            in_flight[shard] -= 1
             if response is not None:
                 try:
                     await response.aclose()
                 except Exception:  # noqa: BLE001 - the record already says what went wrong
                     pass
-            _settle_tokens(record, progress)
-        return record
 
     async def _check_response(self, response: httpx.Response) -> None:
         status = response.status_code
         if status >= 400:
             text = await self._read_excerpt(response)
-            kind = "http_429" if status == 429 else "http_5xx" if status >= 500 else "http_4xx"
-            raise _Failure(kind, f"HTTP {status}: {_error_message(text)}", status)
+            raise _Failure(_status_kind(status), f"HTTP {status}: {_error_message(text)}", status)
         content_type = response.headers.get("content-type", "")
         if not content_type.startswith("text/event-stream"):
             text = await self._read_excerpt(response)
-            raise _Failure(
-                "not_stream",
-                f"expected text/event-stream, got content-type {content_type or '(none)'!r} "
-                f"(HTTP {status}): {text}",
-                status,
-            )
+            raise self._not_stream(content_type, status, text)
+
+    def _not_stream(self, content_type: str, status: int, text: str) -> _Failure:
+        return _Failure(
+            "not_stream",
+            f"expected text/event-stream, got content-type {content_type or '(none)'!r} (HTTP {status}): {text}",
+            status,
+        )
 
     async def _consume(
         self, response: httpx.Response, record: RequestRecord, progress: _Progress, chat: bool
@@ -267,36 +356,46 @@ class StreamingClient:
             if progress.done:
                 # Read to the end so the connection returns to the pool instead of being closed.
                 continue
-            try:
-                events = parser.feed(raw)
-                bad = None
-            except SSEProtocolError as exc:
-                events, bad = exc.events, exc
-            try:
-                for event in events:
-                    if self._on_event(event, record, progress, chat, truncated=False):
-                        break
-            except (AttributeError, TypeError, KeyError, IndexError):
-                # Valid JSON of the wrong shape (choices not a list, usage not an object...).
-                raise _Failure("malformed", f"unexpected chunk shape: {self._line_excerpt(event.data)}") from None
-            if bad is not None and not progress.done:
-                raise _Failure("malformed", f"malformed SSE line: {self._line_excerpt(bad.raw)}")
+            self._feed(parser, raw, time.perf_counter() - self.origin_s, record, progress, chat)
         if not progress.done:
-            tail = parser.finish()
-            if tail is not None:
-                try:
-                    self._on_event(tail, record, progress, chat, truncated=True)
-                except (AttributeError, TypeError, KeyError, IndexError):
-                    raise _Failure("malformed", f"unexpected chunk shape: {self._line_excerpt(tail.data)}") from None
+            self._finish_stream(parser, record, progress, chat)
+
+    def _feed(self, parser: SSEParser, raw: bytes, t: float, record: RequestRecord, progress: _Progress,
+              chat: bool) -> None:
+        """Parse one read (received at ``t``) into the record; raise ``_Failure`` on bad input."""
+        try:
+            events = parser.feed(raw)
+            bad = None
+        except SSEProtocolError as exc:
+            events, bad = exc.events, exc
+        event = None
+        try:
+            for event in events:
+                if self._on_event(event, record, progress, chat, False, t):
+                    break
+        except (AttributeError, TypeError, KeyError, IndexError):
+            # Valid JSON of the wrong shape (choices not a list, usage not an object...).
+            data = event.data if event is not None else ""
+            raise _Failure("malformed", f"unexpected chunk shape: {self._line_excerpt(data)}") from None
+        if bad is not None and not progress.done:
+            raise _Failure("malformed", f"malformed SSE line: {self._line_excerpt(bad.raw)}")
+
+    def _finish_stream(self, parser: SSEParser, record: RequestRecord, progress: _Progress, chat: bool) -> None:
+        """The body ended: apply an unterminated last event and decide whether it completed."""
+        tail = parser.finish()
+        if tail is not None:
+            try:
+                self._on_event(tail, record, progress, chat, True, time.perf_counter() - self.origin_s)
+            except (AttributeError, TypeError, KeyError, IndexError):
+                raise _Failure("malformed", f"unexpected chunk shape: {self._line_excerpt(tail.data)}") from None
         if not progress.done and progress.finished:
             record.ok = True
             record.end_s = progress.last_event_s
 
     def _on_event(
-        self, event: SSEEvent, record: RequestRecord, progress: _Progress, chat: bool, truncated: bool
+        self, event: SSEEvent, record: RequestRecord, progress: _Progress, chat: bool, truncated: bool, t: float
     ) -> bool:
-        """Apply one SSE event; return True at ``[DONE]``."""
-        t = time.perf_counter() - self.origin_s
+        """Apply one SSE event that arrived at ``t``; return True at ``[DONE]``."""
         data = event.data
         if data == _DONE:
             progress.done = True
@@ -500,6 +599,341 @@ class StreamingClient:
         return self._decode_json(response, url)
 
 
+# ---------------------------------------------------------------------- the streaming pool
+
+_STALE = object()  # outcome: the connection closed before a single response byte arrived
+
+# What an exchange does with the response body, decided once the headers are in.
+_HEADERS, _STREAM, _ERROR_BODY, _NOT_STREAM = range(4)
+
+
+class _Exchange:
+    """One request and its response on a pooled connection; httptools calls the ``on_*`` methods.
+
+    The whole stream is handled inside the transport's callbacks; the sending coroutine only
+    awaits ``future``, which resolves to None (done), a ``_Failure`` or ``_STALE``.
+    """
+
+    __slots__ = ("client", "record", "progress", "chat", "conn", "future", "sse", "mode", "content_type",
+                 "encoding", "decoder", "error_body", "complete", "reusable", "got_bytes", "t",
+                 "last_data_s", "timer")
+
+    def __init__(self, client: StreamingClient, record: RequestRecord, progress: _Progress, chat: bool,
+                 conn: _Conn) -> None:
+        self.client = client
+        self.record = record
+        self.progress = progress
+        self.chat = chat
+        self.conn = conn
+        self.future: asyncio.Future[Any] = conn.loop.create_future()
+        self.sse = SSEParser()
+        self.mode = _HEADERS
+        self.content_type = ""
+        self.encoding = ""
+        self.decoder: Any = None
+        self.error_body = bytearray()
+        self.complete = False
+        self.reusable = False
+        self.got_bytes = False
+        self.t = 0.0  # arrival time of the read being parsed, on the record's time base
+        self.last_data_s = time.perf_counter()
+        self.timer: asyncio.TimerHandle | None = None
+
+    # ------------------------------------------------------------------ httptools callbacks
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        if name == b"content-type":
+            self.content_type = value.decode("latin-1")
+        elif name == b"content-encoding":
+            self.encoding = value.decode("latin-1").strip().lower()
+
+    def on_headers_complete(self) -> None:
+        status = self.conn.parser.get_status_code()
+        self.record.status_code = status
+        if status >= 400:
+            self.mode = _ERROR_BODY
+        elif not self.content_type.startswith("text/event-stream"):
+            self.mode = _NOT_STREAM
+        else:
+            self.mode = _STREAM
+            if self.encoding not in ("", "identity"):
+                # We ask for identity; a server that compresses anyway still gets decoded.
+                wbits = {"gzip": 31, "x-gzip": 31, "deflate": 15}.get(self.encoding)
+                if wbits is None:
+                    self.finish(_Failure("malformed", f"unsupported content-encoding {self.encoding!r}"))
+                else:
+                    self.decoder = zlib.decompressobj(wbits)
+
+    def on_body(self, body: bytes) -> None:
+        if self.future.done():
+            return
+        if self.mode != _STREAM:
+            self.error_body += body
+            if len(self.error_body) >= _ERROR_BODY_BYTES:
+                self._error_done()
+            return
+        if self.progress.done:
+            return  # read to the end so the connection can be reused
+        try:
+            if self.decoder is not None:
+                body = self.decoder.decompress(body)
+            self.client._feed(self.sse, body, self.t, self.record, self.progress, self.chat)
+        except _Failure as exc:
+            self.finish(exc)
+        except zlib.error as exc:
+            self.finish(_Failure("malformed", f"undecodable response body: {exc}"))
+        except Exception as exc:  # noqa: BLE001 - a request failure must land in the record
+            self.finish(_Failure("client", f"{type(exc).__name__}: {exc}"))
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+        self.reusable = self.conn.parser.should_keep_alive()
+        if self.future.done():
+            return
+        if self.mode != _STREAM:
+            self._error_done()
+            return
+        if not self.progress.done:
+            try:
+                self.client._finish_stream(self.sse, self.record, self.progress, self.chat)
+                if not self.record.ok:
+                    raise _Failure("disconnect", "stream ended without [DONE] or a finish_reason")
+            except _Failure as exc:
+                self.finish(exc)
+                return
+        self.finish(None)
+
+    # ------------------------------------------------------------------ endings
+
+    def _error_done(self) -> None:
+        status = self.record.status_code or 0
+        text = self.client._scrub(bytes(self.error_body[:_ERROR_BODY_BYTES]).decode("utf-8", "replace"))
+        if self.mode == _ERROR_BODY:
+            self.finish(_Failure(_status_kind(status), f"HTTP {status}: {_error_message(text)}", status))
+        else:
+            self.finish(self.client._not_stream(self.content_type, status, text))
+
+    def lost(self, exc: BaseException | None) -> None:
+        """The connection closed while this exchange owned it."""
+        if self.future.done():
+            return
+        if self.progress.done:
+            self.finish(None)
+        elif not self.got_bytes:
+            self.finish(_STALE)
+        else:
+            why = str(exc) if exc is not None and str(exc) else (
+                type(exc).__name__ if exc is not None else "peer closed connection without sending complete message body")
+            self.finish(_Failure("disconnect", f"connection broken: {why}"))
+
+    def parse_error(self, exc: Exception) -> None:
+        self.finish(_Failure("malformed", f"invalid HTTP response: {exc}"))
+
+    def finish(self, outcome: Any) -> None:
+        if not self.complete:
+            self.reusable = False
+        if not self.future.done():
+            self.future.set_result(outcome)
+
+    # ------------------------------------------------------------------ stall timer
+
+    def arm(self) -> None:
+        self.timer = self.conn.loop.call_later(self.client.timeout_s, self._check_stall)
+
+    def _check_stall(self) -> None:
+        if self.future.done():
+            return
+        # One timer per quiet period instead of one per read: re-arm for the time still left.
+        remaining = self.client.timeout_s - (time.perf_counter() - self.last_data_s)
+        if remaining > 0:
+            self.timer = self.conn.loop.call_later(remaining, self._check_stall)
+            return
+        self.finish(_Failure("timeout", f"timed out after {self.client.timeout_s:g}s waiting for data"))
+
+    def stop_timer(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def abandon(self) -> None:
+        self.stop_timer()
+        self.reusable = False
+        if not self.future.done():
+            self.future.cancel()
+
+
+class _Conn(asyncio.Protocol):
+    """One keep-alive HTTP/1.1 connection. Each read is timestamped before it is parsed."""
+
+    def __init__(self, pool: _Pool, loop: asyncio.AbstractEventLoop) -> None:
+        self.pool = pool
+        self.loop = loop
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.exchange: _Exchange | None = None
+        self.parser: Any = None
+        self.uses = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        now = time.perf_counter()
+        ex = self.exchange
+        if ex is None:  # bytes nobody asked for: this connection cannot be trusted any more
+            self.close()
+            return
+        ex.t = now - ex.client.origin_s
+        ex.last_data_s = now
+        ex.got_bytes = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            ex.parse_error(exc)
+            self.close()
+
+    def eof_received(self) -> bool:
+        return False  # close the transport; connection_lost tells the exchange
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.closed = True
+        ex = self.exchange
+        if ex is not None:
+            ex.lost(exc)
+        else:
+            self.pool.forget(self)
+
+    def start(self, exchange: _Exchange, wire: bytes) -> None:
+        self.exchange = exchange
+        self.uses += 1
+        self.parser = httptools.HttpResponseParser(exchange)
+        exchange.arm()
+        assert self.transport is not None
+        self.transport.write(wire)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            if self.transport is not None:
+                self.transport.close()
+
+
+class _Pool:
+    """At most ``max_connections`` keep-alive connections to one origin, opened on demand.
+
+    A request takes an idle connection (most recently used first), else opens one while under
+    the limit, else waits (bounded by ``timeout_s``) for one to be released.
+    """
+
+    def __init__(self, host: str, port: int, tls: ssl.SSLContext | None, max_connections: int,
+                 timeout_s: float, origin: str) -> None:
+        self.host = host
+        self.port = port
+        self.tls = tls
+        self.max_connections = max_connections
+        self.timeout_s = timeout_s
+        self.origin = origin
+        self.open = 0
+        self.idle: list[_Conn] = []
+        self.live: set[_Conn] = set()
+        self.waiters: deque[asyncio.Future[Any]] = deque()
+
+    async def acquire(self) -> _Conn:
+        idle = self.idle
+        while idle:
+            conn = idle.pop()
+            if not conn.closed:
+                return conn
+            self._freed(conn)
+        if self.open < self.max_connections:
+            self.open += 1
+            return await self._connect()
+        waiter = asyncio.get_running_loop().create_future()
+        self.waiters.append(waiter)
+        try:
+            got = await asyncio.wait_for(waiter, self.timeout_s)
+        except asyncio.TimeoutError:
+            raise _Failure("timeout", f"no free connection within {self.timeout_s:g}s "
+                                      f"(max_connections={self.max_connections})") from None
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():  # handed a slot as we were cancelled
+                handed = waiter.result()
+                if handed is None:
+                    self.open -= 1
+                    self._wake()
+                else:
+                    self.release(handed, reusable=True)
+            raise
+        return got if got is not None else await self._connect()
+
+    async def _connect(self) -> _Conn:
+        """Open a connection for a slot already counted in ``open``."""
+        loop = asyncio.get_running_loop()
+        try:
+            _, conn = await asyncio.wait_for(
+                loop.create_connection(lambda: _Conn(self, loop), self.host, self.port, ssl=self.tls,
+                                       server_hostname=self.host if self.tls is not None else None),
+                self.timeout_s,
+            )
+        except BaseException as exc:
+            self.open -= 1
+            self._wake()
+            if isinstance(exc, asyncio.TimeoutError):
+                raise _Failure("timeout", f"timed out after {self.timeout_s:g}s connecting") from None
+            if isinstance(exc, OSError):
+                raise _Failure("connect", f"cannot connect to {self.origin}: {exc.strerror or exc}") from None
+            raise
+        self.live.add(conn)
+        return conn
+
+    def release(self, conn: _Conn, *, reusable: bool) -> None:
+        conn.exchange = None
+        if reusable and not conn.closed:
+            while self.waiters:
+                waiter = self.waiters.popleft()
+                if not waiter.done():
+                    waiter.set_result(conn)
+                    return
+            self.idle.append(conn)
+            return
+        conn.close()
+        self._freed(conn)
+
+    def forget(self, conn: _Conn) -> None:
+        """An idle connection closed (the server's keep-alive timeout): free its slot."""
+        if conn in self.live and conn.exchange is None:
+            if conn in self.idle:
+                self.idle.remove(conn)
+            self._freed(conn)
+
+    def _freed(self, conn: _Conn) -> None:
+        if conn in self.live:
+            self.live.discard(conn)
+            self.open -= 1
+            self._wake()
+
+    def _wake(self) -> None:
+        """A slot came free: the first live waiter gets it (and opens its own connection)."""
+        while self.waiters and self.open < self.max_connections:
+            waiter = self.waiters.popleft()
+            if not waiter.done():
+                self.open += 1
+                waiter.set_result(None)
+                return
+
+    def close(self) -> None:
+        for conn in list(self.live):
+            conn.close()
+        self.live.clear()
+        self.idle.clear()
+        self.open = 0
+        for waiter in self.waiters:
+            if not waiter.done():
+                waiter.cancel()
+        self.waiters.clear()
+
+
 # ---------------------------------------------------------------------- pure helpers
 
 
@@ -538,6 +972,10 @@ def _settle_tokens(record: RequestRecord, progress: _Progress) -> None:
         shares = [share] * n
         shares[-1] = completion - share * (n - 1)
     record.chunk_tokens = shares
+
+
+def _status_kind(status: int) -> str:
+    return "http_429" if status == 429 else "http_5xx" if status >= 500 else "http_4xx"
 
 
 def _as_int(value: Any) -> int | None:
@@ -594,4 +1032,4 @@ def _token_ids(data: Any) -> list[int] | None:
     return out
 
 
-__all__ = ["APIS", "ClientError", "StreamingClient"]
+__all__ = ["APIS", "ClientError", "EncodedRequest", "StreamingClient"]

@@ -15,9 +15,7 @@ with no baseline counterpart), 2 a usage or data error (one line on stderr, no t
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -256,7 +254,7 @@ def report_document(result: CompareResult, baseline: RunSource, candidate: RunSo
             gate_errors[key] = f"no counterpart in baseline {baseline.spec!r} (--strict)"
         if failed or nodeid not in outcomes:
             outcomes[nodeid] = "failed" if failed else "passed"
-    return build_document(
+    doc = build_document(
         candidate.entries,
         baseline={k: [baseline.entries[k]] for k in comparisons},
         comparisons=comparisons,
@@ -265,37 +263,34 @@ def report_document(result: CompareResult, baseline: RunSource, candidate: RunSo
         baseline_name=baseline.name or baseline.spec,
         baseline_source=str(baseline.path),
     )
+    # The renderers say "strict: inconclusive fails" and count failures accordingly.
+    doc["strict"] = result.strict
+    return doc
 
 
-def write_outputs(doc: Mapping[str, Any], *, markdown: Path | None, json_out: Path | None,
-                  report_dir: Path | None) -> list[Path]:
-    """Render through the report writers (one renderer for CI and offline), then copy the files
-    asked for. Without ``report_dir`` the full set goes to a temporary directory."""
-    from .report.writers import JSON_NAME, MARKDOWN_NAME, write_reports
+def write_outputs(doc: Mapping[str, Any], *, markdown: Path | None = None, json_out: Path | None = None,
+                  report_dir: Path | None = None) -> list[Path]:
+    """Write the reports asked for with the plugin's own renderers, so they read exactly like a
+    CI session's: ``report_dir`` gets the whole set (JSON, junit, Markdown, plots); ``markdown``
+    and ``json_out`` single files. The single Markdown file has no plot links: a copy on its own
+    (a PR comment, a chat message) would point at plots that are not there."""
+    from .report.markdown import render_markdown
+    from .report.writers import atomic_write_text, to_json, write_reports
 
-    wanted = [(markdown, MARKDOWN_NAME), (json_out, JSON_NAME)]
-    if report_dir is None and not any(out for out, _ in wanted):
-        return []
-    with tempfile.TemporaryDirectory(prefix="llmperf-compare-") as tmp:
-        target = report_dir if report_dir is not None else Path(tmp)
-        try:
-            report_files = [Path(p) for p in write_reports(doc, target)]
-        except OSError as exc:
-            raise CompareError(f"cannot write reports to {target}: {exc.strerror or exc}") from None
-        # Files left in the temporary directory vanish with it: report only what stays.
-        written = report_files if report_dir is not None else []
-        for out, name in wanted:
-            if out is None:
-                continue
-            source = target / name
-            if not source.is_file():
-                raise CompareError(f"the report writers produced no {name} (this version cannot write {out})")
-            try:
-                out.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(source, out)
-            except OSError as exc:
-                raise CompareError(f"cannot write {out}: {exc.strerror or exc}") from None
-            written.append(out)
+    written: list[Path] = []
+    jobs = [(out, render) for out, render in ((markdown, lambda: render_markdown(doc)), (json_out, lambda: to_json(doc)))
+            if out is not None]
+    target: Path | None = None
+    try:
+        if report_dir is not None:
+            target = report_dir
+            written.extend(Path(p) for p in write_reports(doc, report_dir))
+        for out, render in jobs:
+            target = out
+            out.parent.mkdir(parents=True, exist_ok=True)
+            written.append(atomic_write_text(out, render()))
+    except OSError as exc:
+        raise CompareError(f"cannot write {target}: {exc.strerror or exc}") from None
     return written
 
 

@@ -12,6 +12,11 @@ warm-up; they run at the same load and are recorded with ``phase="warmup"``. The
 follows, bounded by ``duration_s`` and/or ``num_requests`` (whichever ends first). After the last
 arrival, in-flight requests get ``drain_s`` (default: the per-request timeout) to finish; whatever is
 still running then is cancelled and recorded as ``cancelled``: it never just disappears.
+
+Dispatch: in open loop each request is built (prompt) and encoded (``prepare``, e.g. the client's
+JSON/HTTP serialisation) *before* its scheduled instant, then released by the :class:`Pacer`
+at that instant, so neither prompt building nor the event loop's millisecond timer granularity
+shows up as dispatch lag.
 """
 
 from __future__ import annotations
@@ -19,16 +24,20 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+import sys
+from typing import Any, Awaitable, Callable, Coroutine, TypeVar
 
 import numpy as np
 
-from .arrivals import arrival_times
+from .arrivals import Pacer, arrival_times
 from .records import PHASE_MEASURE, PHASE_WARMUP, PreparedRequest, RequestRecord
 from .workload import Workload
 
-SendFn = Callable[[PreparedRequest, RequestRecord], Awaitable[RequestRecord]]
+# ``send`` receives the PreparedRequest, or whatever ``prepare`` turned it into.
+SendFn = Callable[[Any, RequestRecord], Awaitable[RequestRecord]]
 MakeFn = Callable[[int, str], PreparedRequest]
+PrepareFn = Callable[[PreparedRequest], Any]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -86,7 +95,11 @@ class LoadGenerator:
     """Runs one trial of a workload. ``make(index, phase)`` builds the request, ``send`` streams it.
 
     ``clock()`` returns seconds since the run's origin (the same origin the client stamps chunks
-    with), so every time in the records shares one axis.
+    with), so every time in the records shares one axis. ``prepare(request)`` (optional, e.g.
+    ``StreamingClient.encode``) runs ahead of the send instant and its result is what ``send``
+    gets. ``start_at_s`` (a ``clock()`` value) starts the schedule at a given instant and
+    ``index_filter`` keeps only some arrival indices: together they let several worker
+    processes send one schedule (see :mod:`pytest_llmperf.workers`).
     """
 
     def __init__(
@@ -98,11 +111,19 @@ class LoadGenerator:
         clock: Callable[[], float],
         progress: Callable[[Progress], None] | None = None,
         progress_interval_s: float = 2.0,
+        prepare: PrepareFn | None = None,
+        start_at_s: float | None = None,
+        index_filter: Callable[[int], bool] | None = None,
     ) -> None:
         self.workload = workload
         self.make = make
         self.send = send
+        self.prepare = prepare
         self.clock = clock
+        # Multi-process runs: every worker follows the same arrival schedule from a shared start
+        # instant (``start_at_s`` on the shared clock) and sends only the indices it keeps.
+        self.start_at_s = start_at_s
+        self.index_filter = index_filter
         self.progress = progress
         self.progress_interval_s = progress_interval_s
         self.records: list[RequestRecord] = []
@@ -126,18 +147,21 @@ class LoadGenerator:
             return now_s < self._measure_start_s + w.duration_s
         return True
 
-    def _new_record(self, index: int, phase: str, scheduled_s: float) -> tuple[PreparedRequest, RequestRecord]:
-        request = self.make(index, phase)
-        record = RequestRecord(index=index, phase=phase, request_type=request.request_type,
-                               scheduled_s=scheduled_s, sent_s=scheduled_s)
+    def _count(self, phase: str, scheduled_s: float) -> None:
         if phase == PHASE_MEASURE:
             if self._measure_start_s is None:
                 self._measure_start_s = scheduled_s
             self._measured += 1
+
+    def _new_record(self, index: int, phase: str, scheduled_s: float) -> tuple[PreparedRequest, RequestRecord]:
+        request = self.make(index, phase)
+        record = RequestRecord(index=index, phase=phase, request_type=request.request_type,
+                               scheduled_s=scheduled_s, sent_s=scheduled_s)
+        self._count(phase, scheduled_s)
         self.records.append(record)
         return request, record
 
-    async def _guarded_send(self, request: PreparedRequest, record: RequestRecord) -> None:
+    async def _guarded_send(self, request: Any, record: RequestRecord) -> None:
         try:
             await self.send(request, record)
         except asyncio.CancelledError:
@@ -149,7 +173,7 @@ class LoadGenerator:
             if record.end_s is None:
                 record.end_s = self.clock()
 
-    def _spawn(self, request: PreparedRequest, record: RequestRecord) -> asyncio.Task:
+    def _spawn(self, request: Any, record: RequestRecord) -> asyncio.Task:
         task = asyncio.create_task(self._guarded_send(request, record))
         self._tasks[task] = record
         task.add_done_callback(self._tasks.pop)  # type: ignore[arg-type]
@@ -160,16 +184,31 @@ class LoadGenerator:
     async def _open_loop(self, start_s: float) -> None:
         w = self.workload
         assert w.rate_rps is not None
-        for index, offset in enumerate(arrival_times(w.arrival, w.rate_rps, w.burstiness, w.seed)):
-            phase = self._phase_for(index, offset)
-            scheduled = start_s + offset
-            if phase == PHASE_MEASURE and not self._measurement_open(scheduled):
-                return
-            delay = scheduled - self.clock()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            request, record = self._new_record(index, phase, scheduled)
-            self._spawn(request, record)
+        # The pacer works on absolute perf_counter instants; the clock is relative to the origin.
+        to_absolute = time.perf_counter() - self.clock()
+        pacer = Pacer()
+        keep = self.index_filter
+        try:
+            for index, offset in enumerate(arrival_times(w.arrival, w.rate_rps, w.burstiness, w.seed)):
+                phase = self._phase_for(index, offset)
+                scheduled = start_s + offset
+                if phase == PHASE_MEASURE and not self._measurement_open(scheduled):
+                    return
+                if keep is not None and not keep(index):
+                    # Another worker sends this one; count it so the phase bounds stay global.
+                    self._count(phase, scheduled)
+                    continue
+                # Build and encode ahead of the instant: only the send itself is on the clock.
+                request = self.make(index, phase)
+                payload = self.prepare(request) if self.prepare is not None else request
+                record = RequestRecord(index=index, phase=phase, request_type=request.request_type,
+                                       scheduled_s=scheduled, sent_s=scheduled)
+                self._count(phase, scheduled)
+                await pacer.wait_until(scheduled + to_absolute)
+                self.records.append(record)
+                self._spawn(payload, record)
+        finally:
+            pacer.close()
 
     async def _closed_loop(self, start_s: float) -> None:
         w = self.workload
@@ -221,7 +260,9 @@ class LoadGenerator:
         w = self.workload
         monitor = _LoopLagMonitor()
         helpers = [asyncio.create_task(monitor.run())]
-        start_s = self.clock()
+        start_s = self.clock() if self.start_at_s is None else max(self.start_at_s, self.clock())
+        if not w.open_loop and start_s > self.clock():
+            await asyncio.sleep(start_s - self.clock())  # closed loop: slots open together
         if self.progress is not None:
             helpers.append(asyncio.create_task(self._report_progress(start_s)))
         arrivals = asyncio.create_task(self._open_loop(start_s) if w.open_loop else self._closed_loop(start_s))
@@ -290,3 +331,40 @@ class LoadGenerator:
                 record.end_s = now
             count += 1
         return count
+
+
+def run_sync(main: Coroutine[Any, Any, T], *, use_uvloop: bool | None = None) -> T:
+    """Run ``main`` on a fresh event loop: uvloop when installed (``use_uvloop=None``), when
+    required (``True``: an error names the missing package), or never (``False``).
+
+    uvloop roughly halves the event loop's own share of per-chunk CPU; the pacer's precision does
+    not depend on it (uvloop timers are millisecond-grained too, hence the timerfd pacer).
+    """
+    factory = _loop_factory(use_uvloop)
+    if factory is None:
+        return asyncio.run(main)
+    if sys.version_info >= (3, 11):
+        with asyncio.Runner(loop_factory=factory) as runner:
+            return runner.run(main)
+    loop = factory()
+    try:
+        asyncio.set_event_loop(loop)
+        return loop.run_until_complete(main)
+    finally:
+        try:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
+
+
+def _loop_factory(use_uvloop: bool | None) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    if use_uvloop is False:
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        if use_uvloop:
+            raise RuntimeError("uvloop is not installed: pip install 'pytest-llmperf[fast]' (or uvloop)") from None
+        return None
+    return uvloop.new_event_loop

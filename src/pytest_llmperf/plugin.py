@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import threading
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -14,7 +16,7 @@ import pytest
 
 from .options import OPTIONS, LLMPerfOptions, OptionError, resolve
 from .report.terminal import fmt_s, table
-from .runner import RunResult, Runner
+from .runner import RunError, RunResult, Runner
 from .server_manager import ServerConfig, ServerInfo, ServerManager, ServerUnavailable
 from .servers.process import ProcessReaper
 from .objectives import SLO, SLOError, check
@@ -22,7 +24,7 @@ from .fingerprint import FingerprintMismatch
 from .gate import RunComparison, compare_entries, fingerprint_for, gated_stats, headline, run_entry, session_document, session_holm
 from .stats import DEFAULT_TRIALS
 from .store import BaselineMissing, BaselineStore, StoreError
-from .workload import Workload
+from .workload import Workload, WorkloadError
 
 SLO_MARKER_HELP = (
     "slo(**thresholds): performance objectives for the test's llmperf runs, e.g. "
@@ -308,13 +310,17 @@ def _failed_requests(result: RunResult) -> str | None:
     """One line naming why requests failed (kinds and the first detail): an error rate alone
     does not tell a 429 from a dead server."""
     s = result.summary
-    if not s.failed:
+    if not s.failed and not s.cancelled:
         return None
+    cancelled = f"{s.cancelled} still in flight at the run's deadline (cancelled)" if s.cancelled else ""
+    if not s.failed:
+        return f"{cancelled} of {s.requests} measured requests"
     kinds = ", ".join(f"{kind} x{n}" for kind, n in s.errors_by_kind.items())
     failed = [r for r in result.records if not r.ok and r.error_kind != "cancelled" and r.error_detail]
     failed.sort(key=lambda r: r.phase != "measure")
     first = f"; first: {failed[0].error_detail}" if failed else ""
-    return f"{s.failed} of {s.requests} measured requests failed ({kinds}){first}"
+    also = f"; {cancelled}" if cancelled else ""
+    return f"{s.failed} of {s.requests} measured requests failed ({kinds}){first}{also}"
 
 
 def _marker_trials(slos: list[SLO]) -> int | None:
@@ -347,6 +353,7 @@ def pytest_configure(config: pytest.Config) -> None:
     except OptionError as exc:
         raise pytest.UsageError(str(exc)) from None
     session = LLMPerfSession(config, options)
+    _install_sigterm()  # before the reaper, which stops servers first and then chains to it
     session.reaper.install()
     config.stash[SESSION_KEY] = session
 
@@ -360,6 +367,28 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     finally:
         session.reaper.stop_all()
         session.reaper.uninstall()
+        _uninstall_sigterm()
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a CI job cancelled, ``timeout``) taken as an interruption, so pytest unwinds in
+    order: servers are stopped, reports keep what was measured, no baseline is saved."""
+
+
+def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
+    raise Terminated(f"received {signal.Signals(signum).name}: stopped; reports keep the runs measured so far, "
+                     "no baseline was saved")
+
+
+def _install_sigterm() -> None:
+    # Only where SIGTERM still has its default action: a handler someone else installed wins.
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+
+
+def _uninstall_sigterm() -> None:
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == _sigterm_as_interrupt:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -437,6 +466,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[pytest.TestReport]:
     report = yield
+    if report.failed and call.excinfo is not None and call.excinfo.errisinstance(_INPUT_ERRORS):
+        # Bad input is a message for the user, not a traceback through the library's internals.
+        report.longrepr = _input_error_line(call.excinfo)
     session = item.config.stash.get(SESSION_KEY, None)
     if session is not None and item.stash.get(PERF_KEY, None) is not None:
         if report.when == "call" or (report.failed and report.when == "setup"):
@@ -445,6 +477,26 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
         elif report.failed and report.when == "teardown":
             session.outcomes[item.nodeid] = "error"
     return report
+
+
+_INPUT_ERRORS = (WorkloadError, SLOError, StoreError, RunError)
+
+
+def _input_error_line(excinfo: pytest.ExceptionInfo[BaseException]) -> str:
+    """``file:line: ErrorName: message`` at the innermost frame outside this package (the
+    user's line that passed the bad value)."""
+    package = Path(__file__).resolve().parent
+    where = ""
+    for entry in reversed(excinfo.traceback):
+        path = Path(str(entry.path))
+        if path.suffix == ".py" and package not in path.resolve().parents:
+            try:
+                shown = path.resolve().relative_to(Path.cwd())
+            except ValueError:
+                shown = path
+            where = f"{shown}:{entry.lineno + 1}: "
+            break
+    return f"{where}{excinfo.typename}: {excinfo.value}"
 
 
 def _write_reports(session: LLMPerfSession) -> None:
@@ -466,6 +518,7 @@ def _write_reports(session: LLMPerfSession) -> None:
         server=server,
         baseline_name=session.options.baseline,
         baseline_source=session.baseline_source,
+        strict=session.options.strict,
     )
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     try:
@@ -564,7 +617,9 @@ def _write_verdicts(tr: Any, session: LLMPerfSession) -> None:
     if session.save_error:
         tr.write_line(f"could not save baseline {opts.save!r}: {session.save_error}", red=True)
     if session.report_paths:
-        tr.write_line(f"reports: {opts.report_path}/ ({', '.join(Path(p).name for p in session.report_paths)})")
+        names = [Path(p).name for p in session.report_paths if "/plots/" not in p.replace("\\", "/")]
+        plots = len(session.report_paths) - len(names)
+        tr.write_line(f"reports: {opts.report_path}/ ({', '.join(names)}{f', plots/ ({plots} files)' if plots else ''})")
     if session.report_error:
         tr.write_line(session.report_error, red=True)
 

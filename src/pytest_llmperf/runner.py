@@ -25,12 +25,13 @@ import numpy as np
 from .cache_check import CacheCheck
 from .cache_check import verify as verify_cache
 from .client import StreamingClient
-from .loadgen import LoadGenerator, Progress
+from .loadgen import LoadGenerator, Progress, run_sync
 from .metrics import Summary, summarize
 from .prompts import PromptFactory, TokenModel, calibrate_with_tokenizer, estimated_model, fit_from_usage
 from .records import PHASE_MEASURE, PreparedRequest, RequestRecord
 from .objectives import SLO
 from .telemetry import TelemetrySampler
+from .workers import ClientSpec, run_in_workers
 from .workload import Workload
 
 
@@ -45,6 +46,7 @@ class TrialResult:
     summary: Summary
     window_s: tuple[float, float]
     loop_lag_max_s: float
+    loop_lag_p99_s: float
     started_at: str
     wall_s: float
     telemetry: dict[str, Any] | None = None
@@ -107,8 +109,8 @@ def pooled_summary(trials: list[TrialResult], slo: SLO | None) -> Summary:
                     setattr(c, name, value + delta)
             shifted.append(c)
         offset += end - start
-    lag = max(t.loop_lag_max_s for t in trials)
-    return summarize(shifted, slo=slo, window_s=(0.0, offset), loop_lag_max_s=lag)
+    lag = max(t.loop_lag_p99_s for t in trials)
+    return summarize(shifted, slo=slo, window_s=(0.0, offset), loop_lag_p99_s=lag)
 
 
 class Runner:
@@ -127,6 +129,8 @@ class Runner:
         reset_cache_url: str | None = None,
         progress: Callable[[Progress], None] | None = None,
         progress_interval_s: float = 2.0,
+        workers: int | None = None,
+        use_uvloop: bool | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
@@ -142,19 +146,27 @@ class Runner:
         self.cache_resets_failed = 0
         self.progress = progress
         self.progress_interval_s = progress_interval_s
+        # Load-generator processes per trial (None: the workload's own ``workers``); see workers.py.
+        if workers is not None and not (isinstance(workers, int) and not isinstance(workers, bool) and workers >= 1):
+            raise ValueError(f"workers must be a positive integer, got {workers!r}")
+        self.workers = workers
+        # None: uvloop when installed (cheaper per chunk), True: required, False: never.
+        self.use_uvloop = use_uvloop
         self._token_models: dict[str, TokenModel] = {}
 
     def __repr__(self) -> str:  # never show the key
         return f"Runner({self.base_url!r}, model={self.model!r})"
 
     def run(self, workload: Workload, *, slo: SLO | None = None, trials: int | None = None) -> RunResult:
-        return asyncio.run(self.arun(workload, slo=slo, trials=trials))
+        return run_sync(self.arun(workload, slo=slo, trials=trials), use_uvloop=self.use_uvloop)
 
     async def arun(self, workload: Workload, *, slo: SLO | None = None, trials: int | None = None) -> RunResult:
         n_trials = trials or workload.trials or 1
         results = []
         model = await self._resolve_model()
-        token_model = await self._token_model(workload.api, model)
+        # The calibration probes obey the workload's request timeout: a stalling server must not
+        # hold the run for a fixed 30 s per probe before any load is sent.
+        token_model = await self._token_model(workload.api, model, timeout_s=workload.timeout_s)
         for index in range(n_trials):
             results.append(await self._trial(workload, model, token_model, slo, index))
         return RunResult(
@@ -170,7 +182,8 @@ class Runner:
                                      [r for t in results for r in t.records]),
         )
 
-    def _client(self, origin_s: float, workload: Workload | None = None) -> StreamingClient:
+    def _client(self, origin_s: float, workload: Workload | None = None,
+                timeout_s: float | None = None) -> StreamingClient:
         conns = 64
         if workload is not None:
             conns = workload.concurrency or int(max(64, (workload.rate_rps or 1) * 60))
@@ -178,7 +191,7 @@ class Runner:
             self.base_url,
             model=self.model,
             api_key=self._api_key,
-            timeout_s=workload.timeout_s if workload else 30.0,
+            timeout_s=timeout_s if timeout_s is not None else (workload.timeout_s if workload else 30.0),
             max_connections=min(conns, 20000),
             origin_s=origin_s,
         )
@@ -196,10 +209,10 @@ class Runner:
         self.model = models[0]
         return self.model
 
-    async def _token_model(self, api: str, model: str) -> TokenModel:
+    async def _token_model(self, api: str, model: str, timeout_s: float | None = None) -> TokenModel:
         if api in self._token_models:
             return self._token_models[api]
-        async with self._client(time.perf_counter()) as client:
+        async with self._client(time.perf_counter(), timeout_s=timeout_s) as client:
             token_model = None
             try:
                 token_model = await calibrate_with_tokenizer(client, api)
@@ -251,6 +264,7 @@ class Runner:
         await self._reset_cache()
         origin = time.perf_counter()
         started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        n_workers = self.workers or workload.workers
         async with self._client(origin, workload) as client:
             client.model = model
             generator = LoadGenerator(
@@ -258,23 +272,33 @@ class Runner:
                 clock=lambda: time.perf_counter() - origin,
                 progress=self.progress,
                 progress_interval_s=self.progress_interval_s,
+                prepare=client.encode,
             )
             sampler = None
             if self.metrics_url:
                 sampler = TelemetrySampler(self.metrics_url, interval_s=1.0, origin_s=origin)
                 await sampler.start()
             try:
-                outcome = await generator.run()
+                if n_workers > 1:
+                    spec = ClientSpec(self.base_url, model, self._api_key, client.timeout_s,
+                                      client.max_connections, self.use_uvloop)
+                    outcome, sent = await run_in_workers(
+                        workload, make, spec, n_workers, origin_s=origin,
+                        progress=self.progress, progress_interval_s=self.progress_interval_s)
+                    expected.update(sent)
+                else:
+                    outcome = await generator.run()
             finally:
                 telemetry = (await sampler.stop()).to_dict() if sampler is not None else None
         summary = summarize(outcome.records, slo=slo, window_s=outcome.window_s,
-                            loop_lag_max_s=outcome.loop_lag_max_s)
+                            loop_lag_p99_s=outcome.loop_lag_p99_s)
         trial = TrialResult(
             index=index,
             records=outcome.records,
             summary=summary,
             window_s=outcome.window_s,
             loop_lag_max_s=outcome.loop_lag_max_s,
+            loop_lag_p99_s=outcome.loop_lag_p99_s,
             started_at=started_at,
             wall_s=time.perf_counter() - origin,
             expected_prompt_tokens=[expected.get(r.index) for r in outcome.records],

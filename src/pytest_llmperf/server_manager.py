@@ -109,6 +109,11 @@ class ServerManager:
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
 
+    def _scrub(self, text: str) -> str:
+        # Gateways echo request headers in error bodies; the key must not reach the terminal.
+        key = self.config.api_key
+        return text.replace(key, "***") if key else text
+
     def _connect(self) -> ServerInfo:
         base = self.config.url.rstrip("/")  # type: ignore[union-attr]
         root = base[: -len("/v1")] if base.endswith("/v1") else base
@@ -116,11 +121,14 @@ class ServerManager:
             resp = httpx.get(base + "/models", headers=self._headers(), timeout=10.0, trust_env=False)
         except httpx.HTTPError as exc:
             raise ServerUnavailable(
-                f"cannot reach {base}/models: {type(exc).__name__}: {exc}; is the server running and is "
-                "--llmperf-url the OpenAI base URL (ending in /v1)?"
+                f"cannot reach {base}/models: {type(exc).__name__}: {self._scrub(str(exc))}; is the server "
+                "running and is --llmperf-url the OpenAI base URL (ending in /v1)?"
             ) from None
         if resp.status_code != 200:
-            raise ServerUnavailable(f"{base}/models answered HTTP {resp.status_code}: {resp.text[:200]}")
+            hint = "; check the key in --llmperf-api-key-env" if resp.status_code in (401, 403) else ""
+            raise ServerUnavailable(
+                f"{base}/models answered HTTP {resp.status_code}: {self._scrub(resp.text)[:200]}{hint}"
+            )
         model = self._pick_model(_model_ids(resp), base)
         preset = self.config.preset if self.config.preset != "sim" else "openai"
         return ServerInfo(
@@ -161,6 +169,8 @@ class ServerManager:
         cfg.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = cfg.log_dir / f"server-{cfg.preset}-{time.strftime('%Y%m%d-%H%M%S')}.log"
         process = spec.server_process(log_path, startup_timeout_s=cfg.startup_timeout_s)
+        if cfg.api_key:
+            process.secrets.add(cfg.api_key)
         if self.reaper is not None:
             self.reaper.start(process)
         else:

@@ -60,11 +60,13 @@ class SSEParser:
     [SSEEvent(data='{"a": 1}', event='message', id=None)]
     """
 
-    __slots__ = ("strict", "_tail", "_skip_lf", "_started", "_data", "_event", "_id")
+    __slots__ = ("strict", "_parts", "_skip_lf", "_started", "_data", "_event", "_id")
 
     def __init__(self, *, strict: bool = True) -> None:
         self.strict = strict
-        self._tail = b""  # an incomplete last line, waiting for its terminator
+        # Pieces of an incomplete last line, waiting for its terminator. Kept as a list and joined
+        # once the line ends, so a multi-megabyte event arriving in many reads costs linear time.
+        self._parts: list[bytes] = []
         self._skip_lf = False  # the previous chunk ended in \r: a leading \n completes a \r\n
         self._started = False
         self._data: list[bytes] = []
@@ -77,27 +79,34 @@ class SSEParser:
             return []
         if not self._started:
             # A BOM may only appear at the very start and may itself arrive split.
-            head = self._tail + chunk
+            head = b"".join(self._parts) + chunk
+            self._parts = []
             if len(head) < len(_BOM) and _BOM.startswith(head):
-                self._tail = head
+                self._parts.append(head)
                 return []
             self._started = True
-            self._tail = b""
             chunk = head[len(_BOM):] if head.startswith(_BOM) else head
         if self._skip_lf:
             self._skip_lf = False
             if chunk[:1] == b"\n":
                 chunk = chunk[1:]
-        buf = self._tail + chunk if self._tail else chunk
-        if not buf:
+        if not chunk:
             return []
+        if b"\n" not in chunk and b"\r" not in chunk:
+            self._parts.append(chunk)  # still inside one line
+            return []
+        if self._parts:
+            self._parts.append(chunk)
+            buf = b"".join(self._parts)
+            self._parts = []
+        else:
+            buf = chunk
         last = buf[-1]
         lines = buf.splitlines()
         if last == 0x0A or last == 0x0D:
-            self._tail = b""
             self._skip_lf = last == 0x0D
         else:
-            self._tail = lines.pop()
+            self._parts.append(lines.pop())
         events: list[SSEEvent] = []
         for line in lines:
             if not line:
@@ -121,7 +130,8 @@ class SSEParser:
         ``[DONE]`` without the final blank line is a harmless server quirk). A trailing partial
         line is taken as-is and never raises: truncation is not a syntax error.
         """
-        tail, self._tail = self._tail, b""
+        tail = b"".join(self._parts)
+        self._parts = []
         if tail:
             if tail.startswith(b"data:"):
                 value = tail[5:]

@@ -199,7 +199,13 @@ class BaselineStore:
             raise StoreError(f"cannot save baseline {name!r}: run is not JSON-serializable: {exc}") from None
         # mkstemp gives a name no other process can get, opened exclusively; the leading dot
         # hides it from listings until the rename.
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{run_id}.", suffix=".tmp", dir=directory)
+        try:
+            fd, tmp_name = tempfile.mkstemp(prefix=f".{run_id}.", suffix=".tmp", dir=directory)
+        except OSError as exc:  # e.g. the directory turned read-only since check_writable()
+            raise StoreError(
+                f"cannot write baseline in {directory}: {exc.strerror or exc}; "
+                f"choose a writable directory with --llmperf-store DIR"
+            ) from None
         tmp = Path(tmp_name)
         try:
             with os.fdopen(fd, "wb") as raw:
@@ -313,16 +319,29 @@ class BaselineStore:
     def latest(self, name: str) -> SavedRun:
         """The newest saved run. A corrupt newest file raises rather than silently falling back
         to an older baseline."""
-        entries = self.runs(name)
-        if not entries:
-            raise self._missing(name)
-        return self.load(entries[0].path)
+        # A concurrent save (keep=1) or delete can remove the listed newest file before it is
+        # read: list again rather than fail on a file that is legitimately gone.
+        for _ in range(3):
+            entries = self.runs(name)
+            if not entries:
+                raise self._missing(name)
+            try:
+                return self.load(entries[0].path)
+            except FileNotFoundError:
+                continue
+        raise BaselineMissing(
+            f"baseline {name!r}: the newest file in {self._name_dir(name)} kept disappearing while being read "
+            "(another process is saving or deleting); try again"
+        )
 
     def get(self, name: str, run_id: str) -> SavedRun:
         """One saved run by id."""
         for entry in self.runs(name):
             if entry.run_id == run_id:
-                return self.load(entry.path)
+                try:
+                    return self.load(entry.path)
+                except FileNotFoundError:
+                    break  # deleted or pruned since the listing: it is missing now
         known = ", ".join(e.run_id for e in self.runs(name)[:5]) or "none"
         raise BaselineMissing(f"baseline {name!r} has no run {run_id!r} (newest: {known})")
 

@@ -50,6 +50,7 @@ def build_document(
     server: Mapping[str, Any] | None = None,
     baseline_name: str | None = None,
     baseline_source: str | None = None,
+    strict: bool = False,
 ) -> dict[str, Any]:
     """Assemble the document from run entries (``gate.run_entry``) keyed ``<nodeid>#<i>``."""
     comparisons = comparisons or {}
@@ -96,6 +97,7 @@ def build_document(
         "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "server": dict(server) if server else None,
         "baseline": {"name": baseline_name, "source": baseline_source} if baseline_name else None,
+        "strict": strict,
         "headline": headline_from_counts(counts),
         "counts": counts,
         "tests": list(tests.values()),

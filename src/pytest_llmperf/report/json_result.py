@@ -32,6 +32,7 @@ def run_result_to_dict(result: Any, *, include_records: bool = True) -> dict[str
                 "wall_s": t.wall_s,
                 "window_s": list(t.window_s),
                 "loop_lag_max_s": t.loop_lag_max_s,
+                "loop_lag_p99_s": t.loop_lag_p99_s,
                 "summary": t.summary.to_dict(),
                 "telemetry": t.telemetry,
                 **({"records": [r.to_dict() for r in t.records]} if include_records else {}),

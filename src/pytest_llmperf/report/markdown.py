@@ -398,6 +398,8 @@ def _run_notes(doc: Mapping[str, Any], run: Mapping[str, Any], rows: Sequence[Ro
             # The reason often names its statistic already ("ttft_p95: too few samples..."):
             # group identical reasons so a sweep of ten runs does not repeat them per row.
             reason = str(v["reason"])
+            if invalid is not None and reason.startswith("invalid run") and "baseline:" not in reason:
+                reason = "the run is invalid (see above)"
             by_reason.setdefault(f"{word}: {reason}", []).append(r.statistic)
     for text, stats in by_reason.items():
         word, reason = text.split(": ", 1)

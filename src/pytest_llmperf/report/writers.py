@@ -12,7 +12,7 @@ import json
 import math
 import numbers
 import os
-import tempfile
+import secrets
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -101,7 +101,10 @@ def atomic_write_text(path: Path, text: str) -> Path:
 def atomic_write_bytes(path: Path, data: bytes) -> Path:
     """Write ``data`` to ``path`` via a temp file in the same directory and ``os.replace``."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    # os.open with 0o666 lets the umask decide the mode, as for any ordinary file (mkstemp would
+    # leave the report readable by its owner only, which breaks CI artefact uploads by other users).
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -150,12 +153,23 @@ def validate(doc: Mapping[str, Any]) -> None:
     validator = jsonschema.Draft202012Validator(load_schema())
     errors = sorted(validator.iter_errors(instance), key=lambda e: list(e.absolute_path))
     if errors:
-        lines = [f"  {_json_path(e.absolute_path)}: {e.message}" for e in errors[:20]]
+        lines = [_describe(e, jsonschema) for e in errors[:20]]
         more = f"\n  ... and {len(errors) - 20} more" if len(errors) > 20 else ""
         raise ReportSchemaError(
             f"report document does not match {schema_path().name} ({len(errors)} problem(s)):\n"
             + "\n".join(lines) + more
         )
+
+
+def _describe(error: Any, jsonschema: Any) -> str:
+    # "X is not valid under any of the given schemas" (a nullable object) says nothing useful:
+    # report the closest branch's own problem instead, e.g. a missing required key.
+    if error.context:
+        # The "wrong type" branch (null) is never the interesting one when the value is an object.
+        branches = [e for e in error.context if e.validator != "type"] or list(error.context)
+        error = jsonschema.exceptions.best_match(branches)
+    message = error.message if len(error.message) <= 200 else error.message[:197] + "..."
+    return f"  {_json_path(error.absolute_path)}: {message}"
 
 
 def _json_path(parts: Any) -> str:

@@ -73,14 +73,21 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def scrub_command(command: Iterable[str], env: Mapping[str, str] | None = None) -> str:
-    """Shell-quoted command with secret values (from secret-looking env names, and the values of
-    flags like ``--api-key``) replaced by ``***``."""
-    secrets = set()
+def _secret_values(env: Mapping[str, str] | None, extra: Iterable[str] = ()) -> list[str]:
+    """Values of secret-looking variables (in ``os.environ`` and ``env``) plus ``extra``, longest
+    first so a secret containing another secret is masked whole."""
+    secrets = {value for value in extra if value and len(value) >= _MIN_SECRET_LEN}
     for source in (os.environ, env or {}):
         for name, value in source.items():
             if _SECRET_NAME.search(name) and value and len(value) >= _MIN_SECRET_LEN:
                 secrets.add(value)
+    return sorted(secrets, key=len, reverse=True)
+
+
+def scrub_command(command: Iterable[str], env: Mapping[str, str] | None = None, extra: Iterable[str] = ()) -> str:
+    """Shell-quoted command with secret values (from secret-looking env names, ``extra``, and the
+    values of flags like ``--api-key``) replaced by ``***``."""
+    secrets = _secret_values(env, extra)
     parts: list[str] = []
     mask_next = False
     for arg in command:
@@ -93,8 +100,7 @@ def scrub_command(command: Iterable[str], env: Mapping[str, str] | None = None) 
             flag, eq, _value = arg.partition("=")
             if eq and flag in _SECRET_FLAGS:
                 arg = f"{flag}={_MASK}"
-        # Longest first so a secret containing another secret is masked whole.
-        for secret in sorted(secrets, key=len, reverse=True):
+        for secret in secrets:
             arg = arg.replace(secret, _MASK)
         parts.append(arg)
     return shlex.join(parts)
@@ -179,6 +185,9 @@ class ServerProcess:
         self.cwd = cwd
         self.startup_s: float | None = None
         self.served_models: list[str] = []
+        # Secrets not recognisable by their variable's name (e.g. the client's API key), masked in
+        # the command and in log tails like those that are.
+        self.secrets: set[str] = set()
         self._proc: subprocess.Popen[bytes] | None = None
         self._pgid: int | None = None
         self._returncode: int | None = None
@@ -198,7 +207,7 @@ class ServerProcess:
 
     @property
     def display_command(self) -> str:
-        return scrub_command(self.command, self.env)
+        return scrub_command(self.command, self.env, self.secrets)
 
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
@@ -210,7 +219,8 @@ class ServerProcess:
         return self._returncode
 
     def log_tail(self, n: int = LOG_TAIL_LINES) -> list[str]:
-        """The last ``n`` lines of the server log (read from the end: logs of long runs are big)."""
+        """The last ``n`` lines of the server log (read from the end: logs of long runs are big),
+        secrets masked: these lines end up in error messages, and engines log their arguments."""
         try:
             with open(self.log_path, "rb") as fh:
                 fh.seek(0, os.SEEK_END)
@@ -219,7 +229,11 @@ class ServerProcess:
                 data = fh.read()
         except OSError:
             return []
-        return data.decode("utf-8", errors="replace").splitlines()[-n:] if n > 0 else []
+        lines = data.decode("utf-8", errors="replace").splitlines()[-n:] if n > 0 else []
+        secrets = _secret_values(self.env, self.secrets)
+        for secret in secrets:
+            lines = [line.replace(secret, _MASK) for line in lines]
+        return lines
 
     # -- start ----------------------------------------------------------------------------------
 

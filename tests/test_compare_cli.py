@@ -1,0 +1,236 @@
+"""`llmperf compare` on runs saved by real pytest sessions against the simulator: a 30% slowdown
+exits 1 with REGRESSED verdicts, an A/A pair exits 0, and every usage or data error exits 2 with
+one line on stderr."""
+
+import copy
+import gzip
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from pytest_llmperf.cli import main as cli_main
+from pytest_llmperf.compare_cli import compare_main
+from pytest_llmperf.store import BaselineStore
+
+pytestmark = pytest.mark.integration
+
+TEST_FILE = """
+from pytest_llmperf import Workload, slo
+
+# The 8B/H100 preset decodes in ~6.5 ms per token: a 30% slowdown crosses the 8 ms threshold, so
+# TPOT regresses and goodput (requests that kept the threshold) collapses.
+@slo(tpot_p50=0.008)
+def test_chat(llmperf):
+    llmperf.run(Workload(input_tokens=128, output_tokens=32, rate_rps=20, num_requests=40, warmup_requests=4))
+"""
+
+SESSIONS = {
+    "main": [],
+    "aa": ["--llmperf-sim-args", "--seed 7"],
+    "slow": ["--llmperf-sim-args", "--slowdown 1.3"],
+}
+ATTEMPTS = 3
+
+
+def _invalid(saved) -> list[str]:
+    out = []
+    for key, entry in saved.run["tests"].items():
+        validity = entry["summary"].get("validity") or {}
+        if not validity.get("valid", True):
+            out.append(f"{key}: {validity.get('reasons')}")
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Three saved sessions in one store: `main`, an A/A twin `aa` and a 30%-slower `slow`."""
+    root = tmp_path_factory.mktemp("compare")
+    (root / "test_chat.py").write_text(TEST_FILE)
+    (root / "pytest.ini").write_text("[pytest]\n")
+    store = BaselineStore(root / "store")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "GITHUB_STEP_SUMMARY")}
+    for name, extra in SESSIONS.items():
+        # A busy machine can make a run invalid (late dispatch): it would read NOT_GATED, and the
+        # premise of these tests is a valid measurement. Save again; the newest run is the one used.
+        for attempt in range(ATTEMPTS):
+            proc = subprocess.run(
+                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                 "--llmperf-sim-preset", "llama-3.1-8b-h100", "--llmperf-trials", "2",
+                 "--llmperf-store", str(root / "store"), "--llmperf-report-dir", str(root / f"report-{name}"),
+                 "--llmperf-save", name, *extra],
+                cwd=root, env=env, capture_output=True, text=True, timeout=180,
+            )
+            assert "saved baseline" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+            problems = _invalid(store.latest(name))
+            if not problems:
+                break
+        else:
+            pytest.fail(f"session {name!r} stayed invalid after {ATTEMPTS} attempts: {problems}")
+    return root
+
+
+def _compare(capsys, *argv):
+    code = compare_main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _one_line_error(err: str) -> str:
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("llmperf compare: error: ")
+    return lines[0]
+
+
+def _plain_json(runs, name, tmp_path, edit=None):
+    """The newest saved run of ``name`` as a plain .json file (the "tests" shape), optionally edited."""
+    run = copy.deepcopy(BaselineStore(runs / "store").latest(name).run)
+    if edit is not None:
+        edit(run)
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(run))
+    return path
+
+
+def test_slowdown_regresses_and_exits_1(runs, capsys):
+    code, out, err = _compare(capsys, "main", "slow", "--store", runs / "store")
+    assert code == 1, out + err
+    rows = {line.split()[1]: line for line in out.splitlines() if line.startswith("test_chat ")}
+    assert rows["tpot_p50"].endswith("REGRESSED")
+    assert "→" in rows["tpot_p50"] and "%" in rows["tpot_p50"]
+    assert rows["goodput"].endswith("REGRESSED")
+    # the detail line is Comparison.message(), with the interval and tolerance
+    assert "REGRESSED: test_chat: tpot_p50 " in out and "tolerance 5%" in out
+    assert "llmperf compare FAILED: 2 regressions" in out
+
+
+def test_aa_pair_passes_with_exit_0(runs, capsys):
+    code, out, err = _compare(capsys, "main", "aa", "--store", runs / "store")
+    assert code == 0, out + err
+    assert "REGRESSED" not in out
+    assert "tpot_p50" in out and "llmperf compare passed" in out
+
+
+def test_through_the_llmperf_command(runs, capsys):
+    assert cli_main(["compare", "main", "slow", "--store", str(runs / "store")]) == 1
+    assert "REGRESSED" in capsys.readouterr().out
+
+
+def test_missing_name_exits_2(runs, capsys):
+    code, out, err = _compare(capsys, "main", "no-such-baseline", "--store", runs / "store")
+    assert code == 2
+    line = _one_line_error(err)
+    assert "'no-such-baseline'" in line and "--llmperf-save no-such-baseline" in line
+
+
+def test_truncated_file_exits_2(runs, capsys, tmp_path):
+    good = BaselineStore(runs / "store").latest("main").path
+    bad = tmp_path / "main-truncated.json.gz"
+    bad.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    code, out, err = _compare(capsys, bad, "slow", "--store", runs / "store")
+    assert code == 2
+    line = _one_line_error(err)
+    assert str(bad) in line and "corrupt" in line
+
+
+def test_missing_file_and_not_a_run_exit_2(runs, capsys, tmp_path):
+    code, _, err = _compare(capsys, tmp_path / "gone.json.gz", "slow", "--store", runs / "store")
+    assert code == 2 and "gone.json.gz: no such file" in _one_line_error(err)
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"hello": 1}))
+    code, _, err = _compare(capsys, other, "slow", "--store", runs / "store")
+    assert code == 2 and "'tests'" in _one_line_error(err)
+
+
+def test_files_as_sides(runs, capsys, tmp_path):
+    """A store .json.gz path, a plain .json with the same "tests" shape, and a llmperf.json report
+    (trials without samples: trials mode still works) all read as runs."""
+    gz = BaselineStore(runs / "store").latest("main").path
+    plain = _plain_json(runs, "slow", tmp_path)
+    code, out, _ = _compare(capsys, gz, plain)
+    assert code == 1 and "REGRESSED" in out
+    code, out, _ = _compare(capsys, gz, runs / "report-slow" / "llmperf.json")
+    assert code == 1 and "REGRESSED" in out
+
+
+def test_reports(runs, capsys, tmp_path):
+    md, js, rdir = tmp_path / "out" / "summary.md", tmp_path / "out" / "report.json", tmp_path / "report"
+    code, out, _ = _compare(capsys, "main", "slow", "--store", runs / "store",
+                            "--markdown", md, "--json", js, "--report-dir", rdir)
+    assert code == 1
+    doc = json.loads(js.read_text())
+    assert doc["counts"]["regressed"] == 2
+    assert doc["baseline"]["name"] == "main"
+    [test] = doc["tests"]
+    assert test["outcome"] == "failed"
+    assert {v["name"]: v["verdict"] for v in test["runs"][0]["verdicts"]} == {"tpot_p50": "regressed", "goodput": "regressed"}
+    text = md.read_text()
+    assert "tpot_p50" in text and "main" in text
+    assert (rdir / "llmperf-junit.xml").is_file() and (rdir / "llmperf-summary.md").is_file()
+    assert f"wrote {md}" in out
+
+
+def test_fingerprint_mismatch_exits_2_unless_allowed(runs, capsys, tmp_path):
+    def other_model(run):
+        for entry in run["tests"].values():
+            entry["fingerprint"]["model"] = "someone/else"
+
+    cand = _plain_json(runs, "aa", tmp_path, other_model)
+    code, _, err = _compare(capsys, "main", cand, "--store", runs / "store")
+    assert code == 2
+    line = _one_line_error(err)
+    assert "model" in line and "someone/else" in line and "--allow-diff model" in line
+    code, out, _ = _compare(capsys, "main", cand, "--store", runs / "store", "--allow-diff", "model")
+    assert code == 0
+    assert "compared despite differing fingerprints" in out and "someone/else" in out
+
+
+def test_keys_on_one_side_and_strict(runs, capsys, tmp_path):
+    def add_and_drop(run):
+        entry = run["tests"]["test_chat.py::test_chat#0"]
+        run["tests"]["test_chat.py::test_new#0"] = copy.deepcopy(entry)
+
+    cand = _plain_json(runs, "aa", tmp_path, add_and_drop)
+    code, out, _ = _compare(capsys, "main", cand, "--store", runs / "store")
+    assert code == 0
+    assert "only in candidate, no baseline to compare with: test_chat.py::test_new#0" in out
+    code, out, _ = _compare(capsys, "main", cand, "--store", runs / "store", "--strict")
+    assert code == 1
+    assert "(fails with --strict)" in out
+    # the other direction: a test the candidate no longer runs is reported, not failed
+    code, out, _ = _compare(capsys, cand, "main", "--store", runs / "store", "--strict")
+    assert code == 0
+    assert "only in baseline, not run by the candidate: test_chat.py::test_new#0" in out
+
+
+def test_nothing_in_common_exits_2(runs, capsys, tmp_path):
+    def rename(run):
+        run["tests"] = {"elsewhere.py::test_x#0": run["tests"]["test_chat.py::test_chat#0"]}
+
+    cand = _plain_json(runs, "aa", tmp_path, rename)
+    code, _, err = _compare(capsys, "main", cand, "--store", runs / "store")
+    assert code == 2 and "nothing to compare" in _one_line_error(err)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--tolerance", "2"], "--tolerance"),
+    (["--alpha", "x"], "--alpha"),
+    (["--allow-diff", "gpu_name,bogus"], "bogus"),
+])
+def test_bad_options_exit_2(runs, capsys, argv, needle):
+    code, _, err = _compare(capsys, "main", "aa", "--store", runs / "store", *argv)
+    assert code == 2
+    assert needle in err and "Traceback" not in err
+
+
+def test_gzip_plain_json_store_file_roundtrip(runs, capsys, tmp_path):
+    """A gzip file whose JSON is the bare "tests" document (no store wrapper) reads too."""
+    run = BaselineStore(runs / "store").latest("aa").run
+    path = tmp_path / "aa.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(run).encode()))
+    code, out, _ = _compare(capsys, "main", path, "--store", runs / "store")
+    assert code == 0 and "UNCHANGED" in out
