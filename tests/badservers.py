@@ -232,7 +232,8 @@ async def _answer(config: BadServerConfig, state: _State, request: Request, writ
         writer.write(_whole(200, "text/plain", b"ok"))
     elif request.method == "GET" and path == "/v1/models":
         if config.models == "echo_401":
-            body = json.dumps({"error": {"message": f"unauthorized; you sent {request.headers}"}}).encode()
+            sent = request.headers.get("authorization", "(no authorization header)")
+            body = json.dumps({"error": {"message": f"unauthorized: you sent {sent}"}}).encode()
             writer.write(_whole(401, "application/json", body))
         else:
             writer.write(_whole(200, "application/json", json.dumps({"object": "list", "data": [{"id": MODEL}]}).encode()))

@@ -234,3 +234,35 @@ def test_gzip_plain_json_store_file_roundtrip(runs, capsys, tmp_path):
     path.write_bytes(gzip.compress(json.dumps(run).encode()))
     code, out, _ = _compare(capsys, "main", path, "--store", runs / "store")
     assert code == 0 and "UNCHANGED" in out
+
+
+def test_pool_uses_older_runs_of_the_baseline_name(runs, capsys, tmp_path):
+    """--pool 2 pools the two newest `main`-named runs: two baseline trials become four."""
+    store = BaselineStore(tmp_path / "store")
+    src = BaselineStore(runs / "store")
+    for name in ("main", "aa"):  # two A/A-equivalent runs saved under one name
+        store.save("main", src.latest(name).run)
+    js = tmp_path / "pooled.json"
+    code, out, err = _compare(capsys, "main", src.latest("slow").path, "--store", store.root,
+                              "--pool", "2", "--json", js)
+    assert code == 1, out + err
+    tpot = next(v for v in json.loads(js.read_text())["tests"][0]["runs"][0]["verdicts"] if v["name"] == "tpot_p50")
+    assert (tpot["n_baseline"], tpot["n_candidate"]) == (4, 2)
+    code, _, err = _compare(capsys, "main", "aa", "--store", store.root, "--pool", "0")
+    assert code == 2 and "--pool" in err
+
+
+def test_malformed_entries_exit_2(runs, capsys, tmp_path):
+    def no_fingerprint(run):
+        del run["tests"]["test_chat.py::test_chat#0"]["fingerprint"]
+
+    def no_stats(run):
+        for trial in run["tests"]["test_chat.py::test_chat#0"]["trials"]:
+            del trial["stats"]
+
+    for edit, needle in ((no_fingerprint, "no 'fingerprint' object"), (no_stats, "malformed run entry")):
+        cand = _plain_json(runs, "aa", tmp_path, edit)
+        code, _, err = _compare(capsys, "main", cand, "--store", runs / "store")
+        assert code == 2
+        line = _one_line_error(err)
+        assert needle in line and "test_chat.py::test_chat#0" in line

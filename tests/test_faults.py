@@ -35,13 +35,15 @@ SECRET = "sk-llmperf-faults-5ecret-7f3a9c"
 KEY_ENV = "LLMPERF_FAULTS_TOKEN"
 
 # Six requests with a one-second request timeout: enough to see every fault, short enough that
-# the whole row (calibration probes included) takes a few seconds.
+# the whole row (calibration probes included) takes a few seconds. The drain outlasts the timeout
+# so a stalled request ends as a timeout, not as cancelled at the run's deadline.
 ROW_TEST = """
 from pytest_llmperf import Workload, slo
 
 @slo(error_rate=0.0)
 def test_row(llmperf):
-    llmperf.run(Workload(input_tokens=16, output_tokens=4, rate_rps=50, num_requests=6, timeout_s=1.0))
+    llmperf.run(Workload(input_tokens=16, output_tokens=4, rate_rps=50, num_requests=6, timeout_s=1.0,
+                         drain_s=3.0))
 """
 
 
@@ -185,6 +187,17 @@ def test_server_dies_in_the_middle_of_a_run(pytester, tmp_path):
     (run,) = report_runs(pytester.path)
     assert run["summary"]["requests"] == 20 and run["summary"]["failed"] >= 10
     assert wait_gone([int(p) for p in pid_file.read_text().split()]) == []
+
+
+def test_url_with_nothing_listening(pytester):
+    pytester.makepyfile(ROW_TEST)
+    t0 = time.monotonic()
+    result = pytester.runpytest("--llmperf-url", "http://127.0.0.1:9/v1", *NO_CACHE)
+    assert time.monotonic() - t0 < 20
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["llmperf: cannot reach http://127.0.0.1:9/v1/models: ConnectError: *; is the server "
+                                 "running and is --llmperf-url the OpenAI base URL (ending in /v1)?"])
+    assert_no_traceback(result)
 
 
 # ====================================================================== HTTP and stream faults
@@ -464,6 +477,16 @@ def test_store_under_a_regular_file_fails_before_any_load(pytester):
     assert_no_traceback(result)
 
 
+def test_invalid_baseline_name_fails_before_any_load(pytester):
+    pytester.makepyfile(SAVE_TEST)
+    result = pytester.runpytest("--llmperf-save", "my branch", "--llmperf-url", "http://127.0.0.1:9/v1", *NO_CACHE)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: --llmperf-save my branch: baseline name 'my branch' contains ' '; "
+                                 "use letters, digits, '.', '_', '-' and '/'"])
+    assert not (pytester.path / ".llmperf" / "baselines").exists()
+    assert_no_traceback(result)
+
+
 def _deny_writes(monkeypatch, *, probes_too: bool) -> None:
     """A read-only store, as root cannot make one with chmod: every new file is refused."""
     import tempfile
@@ -511,14 +534,14 @@ def test_unknown_marker_key_is_a_usage_error_before_any_server_starts(pytester):
         """
         from pytest_llmperf import slo
 
-        @slo(ttft_p59=1.0)
+        @slo(ttft_95=1.0, error_rate=0.0)
         def test_typo(llmperf):
             pass
         """
     )
     result = pytester.runpytest(*SIM)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*test_typo: @slo on test_typo: unknown key 'ttft_p59' (did you mean 'ttft_p95'?)*"])
+    result.stderr.fnmatch_lines(["*test_typo: @slo on test_typo: unknown key 'ttft_95' (did you mean 'ttft_p95'?); valid keys: ttft_p50, *"])
     assert not (pytester.path / ".llmperf" / "report").exists()  # no server was launched
     assert_no_traceback(result)
 
@@ -541,6 +564,26 @@ def test_bad_option_value(pytester, args, message):
     result = pytester.runpytest(*args, *NO_CACHE)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"ERROR: {message}*"])
+    assert_no_traceback(result)
+
+
+def test_api_key_variable_not_set(pytester, monkeypatch):
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest("--llmperf-api-key-env", KEY_ENV, *NO_CACHE)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: --llmperf-api-key-env: environment variable {KEY_ENV} is not set"])
+    assert_no_traceback(result)
+
+
+def test_report_dir_not_writable(pytester):
+    blocker = pytester.path / "not_a_dir"
+    blocker.write_text("a file where the report dir should be")
+    pytester.makepyfile(ROW_TEST)
+    result = pytester.runpytest("--llmperf-report-dir", str(blocker / "report"), *SIM)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: --llmperf-report-dir {blocker / 'report'}: cannot write there (*); "
+                                 "choose a writable directory"])
     assert_no_traceback(result)
 
 
@@ -569,7 +612,7 @@ def test_bad_workload_value_is_one_line_at_the_users_call(pytester, bad_server, 
     """)
     result = pytester.runpytest("--llmperf-url", server.base_url, *NO_CACHE)
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines([f"test_bad.py:5: {message}"])
+    result.stdout.fnmatch_lines([f"test_bad.py:4: {message}"])
     assert_no_traceback(result)
 
 
@@ -617,7 +660,7 @@ def test_workload_yaml_with_a_typo(pytester, bad_server, yaml_text, message):
     """)
     result = pytester.runpytest("--llmperf-url", server.base_url, *NO_CACHE)
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines([f"test_yaml.py:5: WorkloadError: {message}"])
+    result.stdout.fnmatch_lines([f"test_yaml.py:4: WorkloadError: {message}"])
     assert_no_traceback(result)
 
 

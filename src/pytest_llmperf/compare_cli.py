@@ -44,6 +44,13 @@ class RunSource:
     path: Path
     entries: dict[str, dict[str, Any]]
     name: str | None = None  # the baseline name when read from the store
+    # Older saved runs of the same name pooled behind the newest (--pool), by key: as the plugin's
+    # --llmperf-pool, only entries measured on the same setup as the newest one.
+    history: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+    def baseline_entries(self, key: str) -> list[dict[str, Any]]:
+        """The entries to compare a candidate with: the newest first, then pooled history."""
+        return [self.entries[key], *self.history.get(key, [])]
 
     @property
     def title(self) -> str:
@@ -78,8 +85,9 @@ class CompareResult:
 # ---------------------------------------------------------------------- loading
 
 
-def load_side(spec: str, store: BaselineStore) -> RunSource:
-    """Read a side given as a file path or as a baseline name (newest saved run)."""
+def load_side(spec: str, store: BaselineStore, pool: int = 1) -> RunSource:
+    """Read a side given as a file path or as a baseline name (its newest saved run, plus up to
+    ``pool - 1`` older ones as history)."""
     path = Path(spec)
     if path.is_file() or spec.endswith(_FILE_SUFFIXES):
         if not path.is_file():
@@ -92,8 +100,15 @@ def load_side(spec: str, store: BaselineStore) -> RunSource:
     if path.is_dir():
         raise CompareError(f"{spec}: is a directory; give a baseline name or a saved run file (.json.gz or .json)")
     # Store errors (missing name, corrupt newest file, bad name) carry their own clear message.
-    saved = store.latest(spec)
-    return RunSource(spec, saved.path, entries_from_document(saved.run, saved.path), name=spec)
+    runs = store.history(spec, limit=pool) if pool > 1 else [store.latest(spec)]
+    newest = runs[0]
+    entries = entries_from_document(newest.run, newest.path)
+    history: dict[str, list[dict[str, Any]]] = {}
+    for older in runs[1:]:
+        for key, entry in entries_from_document(older.run, older.path).items():
+            if key in entries and entry.get("fingerprint") == entries[key].get("fingerprint"):
+                history.setdefault(key, []).append(entry)
+    return RunSource(spec, newest.path, entries, name=spec, history=history)
 
 
 def entries_from_document(doc: Any, path: Path) -> dict[str, dict[str, Any]]:
@@ -174,7 +189,7 @@ def compare_runs(
         slo = slos[key]
         tol = slo.tolerance if slo is not None and slo.tolerance is not None else tolerance
         try:
-            runs.append(compare_entries(key, [baseline.entries[key]], candidate.entries[key], tolerance=tol,
+            runs.append(compare_entries(key, baseline.baseline_entries(key), candidate.entries[key], tolerance=tol,
                                         alpha=alpha, allow=allow, family_size=family_size))
         except FingerprintMismatch as exc:
             raise CompareError(f"{key}: {FingerprintMismatch(exc.diffs, option=ALLOW_FLAG)}") from None
@@ -196,6 +211,15 @@ def _short_key(key: str) -> str:
     return name if index in ("", "0") else f"{name} #{index}"
 
 
+def _labels(keys: Sequence[str]) -> dict[str, str]:
+    """Test names for the table; the full key where two files hold tests of the same name."""
+    short = {k: _short_key(k) for k in keys}
+    counts: dict[str, int] = {}
+    for name in short.values():
+        counts[name] = counts.get(name, 0) + 1
+    return {k: name if counts[name] == 1 else k for k, name in short.items()}
+
+
 def _value(v: float, unit: str) -> str:
     if v != v:
         return "-"
@@ -212,18 +236,19 @@ def format_result(result: CompareResult, baseline: RunSource, candidate: RunSour
     """The verdict table, the details behind every verdict that is not UNCHANGED, the headline
     and the keys only one side has."""
     lines = [f"baseline:  {baseline.title}", f"candidate: {candidate.title}", ""]
+    labels = _labels([r.key for r in result.runs])
     rows = []
     for run in result.runs:
         for c in run.comparisons:
             ci = f"{_pct(c.ci_low)} … {_pct(c.ci_high)}" if c.gated else "-"
-            rows.append([_short_key(run.key), c.name, f"{_value(c.baseline_value, c.unit)} → {_value(c.candidate_value, c.unit)}",
+            rows.append([labels[run.key], c.name, f"{_value(c.baseline_value, c.unit)} → {_value(c.candidate_value, c.unit)}",
                          _pct(c.change), ci, c.verdict.value.upper()])
     confidence = next((f"{c.confidence * 100:g}% CI" for r in result.runs for c in r.comparisons), "CI")
     lines.append(table(["test", "statistic", "baseline → candidate", "change", confidence, "verdict"], rows, left=3))
-    details = [(r, c) for r in result.runs for c in r.comparisons if c.verdict is not Verdict.UNCHANGED]
+    details = _details(result.runs, labels)
     if details:
         lines.append("")
-        lines.extend(f"{c.verdict.value.upper()}: {_short_key(r.key)}: {c.message()}" for r, c in details)
+        lines.extend(details)
     allowed = sorted({d for r in result.runs for d in r.allowed_diffs})
     if allowed:
         lines.append(f"compared despite differing fingerprints ({ALLOW_FLAG}): {', '.join(allowed)}")
@@ -236,6 +261,22 @@ def format_result(result: CompareResult, baseline: RunSource, candidate: RunSour
     lines.append("")
     lines.append(f"llmperf compare {verdict}: {result.headline()}")
     return "\n".join(lines)
+
+
+def _details(runs: Sequence[RunComparison], labels: Mapping[str, str]) -> list[str]:
+    """Why each verdict other than UNCHANGED: Comparison.message() for decided ones; NOT_GATED
+    grouped per run and reason (an invalid run makes every statistic of it not gated)."""
+    lines = []
+    for run in runs:
+        not_gated: dict[str, list[str]] = {}
+        for c in run.comparisons:
+            if c.verdict is Verdict.NOT_GATED:
+                not_gated.setdefault(c.reason or "not gated", []).append(c.name)
+            elif c.verdict is not Verdict.UNCHANGED:
+                lines.append(f"{c.verdict.value.upper()}: {labels[run.key]}: {c.message()}")
+        lines.extend(f"NOT_GATED: {labels[run.key]}: {', '.join(names)}: {reason}"
+                     for reason, names in not_gated.items())
+    return lines
 
 
 def report_document(result: CompareResult, baseline: RunSource, candidate: RunSource) -> dict[str, Any]:
@@ -256,7 +297,7 @@ def report_document(result: CompareResult, baseline: RunSource, candidate: RunSo
             outcomes[nodeid] = "failed" if failed else "passed"
     doc = build_document(
         candidate.entries,
-        baseline={k: [baseline.entries[k]] for k in comparisons},
+        baseline={k: baseline.baseline_entries(k) for k in comparisons},
         comparisons=comparisons,
         gate_errors=gate_errors,
         outcomes=outcomes,
@@ -307,6 +348,16 @@ def _fraction(text: str) -> float:
     return value
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
 def _allow_list(text: str) -> list[str]:
     names = [p.strip() for p in text.split(",") if p.strip()]
     valid = set(valid_fields())
@@ -334,6 +385,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "a test's @slo(tolerance=...) wins, as in the plugin")
     p.add_argument("--alpha", type=_fraction, default=DEFAULT_ALPHA, metavar="F",
                    help="significance level (default 0.05)")
+    p.add_argument("--pool", type=_positive_int, default=1, metavar="N",
+                   help="pool the trials of the last N saved runs of a BASELINE name measured on the same "
+                        "setup, as --llmperf-pool does (default 1)")
     p.add_argument(ALLOW_FLAG, dest="allow", type=_allow_list, default=[], metavar="A,B",
                    help="fingerprint fields allowed to differ (e.g. gpu_driver,engine_version)")
     p.add_argument("--strict", action="store_true",
@@ -354,7 +408,7 @@ def compare_main(argv: Sequence[str]) -> int:
         return int(exc.code or 0)
     try:
         store = BaselineStore(args.store, keep=None)
-        baseline = load_side(args.baseline, store)
+        baseline = load_side(args.baseline, store, pool=args.pool)
         candidate = load_side(args.candidate, store)
         result = compare_runs(baseline, candidate, tolerance=args.tolerance, alpha=args.alpha,
                               allow=args.allow, strict=args.strict)

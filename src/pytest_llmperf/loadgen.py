@@ -62,6 +62,8 @@ class LoadOutcome:
     loop_lag_max_s: float
     loop_lag_p99_s: float
     cancelled: int
+    # Why the run ended before its bounds (e.g. the overload guard), None when it ran its course.
+    stopped: str | None = None
 
     @property
     def window_s(self) -> tuple[float, float]:
@@ -69,6 +71,35 @@ class LoadOutcome:
         ends = [r.end_s for r in self.records if r.phase == PHASE_MEASURE and r.end_s is not None]
         end = max(ends) if ends else self.end_s
         return (self.measure_start_s, max(end, self.arrivals_end_s))
+
+
+@dataclass(frozen=True)
+class OverloadGuard:
+    """Ends an open-loop run early when the backlog clearly grows without bound.
+
+    Every ``interval_s`` of the measurement phase the number of requests in flight is sampled;
+    once ``window_s`` of samples exist, the backlog's slope is fitted. The run stops (and what is
+    still queued is cancelled) when the backlog grows faster than ``min_growth`` × the arrival
+    rate *and* faster than Poisson counting noise could explain. It only catches clear overload
+    early; the capacity search judges marginal cases on the whole step (capacity.py).
+    """
+
+    window_s: float = 4.0
+    interval_s: float = 0.25
+    min_growth: float = 0.25
+
+    def overloaded(self, samples: list[tuple[float, int, int]]) -> bool:
+        """``samples``: (time, in flight, sent so far). The rate is what this generator sent
+        (a worker process sends only its share of the arrivals)."""
+        if len(samples) < 4 or samples[-1][0] - samples[0][0] < self.window_s * 0.99:
+            return False
+        t = np.array([x[0] for x in samples])
+        n = np.array([x[1] for x in samples], dtype=float)
+        slope = float(np.polyfit(t - t[0], n, 1)[0])
+        span = t[-1] - t[0]
+        rate_rps = (samples[-1][2] - samples[0][2]) / span
+        noise = 2.0 * np.sqrt(max(rate_rps * span, 1.0)) / span
+        return slope > max(self.min_growth * rate_rps, 2.0 * noise)
 
 
 class _LoopLagMonitor:
@@ -114,6 +145,7 @@ class LoadGenerator:
         prepare: PrepareFn | None = None,
         start_at_s: float | None = None,
         index_filter: Callable[[int], bool] | None = None,
+        overload: OverloadGuard | None = None,
     ) -> None:
         self.workload = workload
         self.make = make
@@ -124,6 +156,9 @@ class LoadGenerator:
         # instant (``start_at_s`` on the shared clock) and sends only the indices it keeps.
         self.start_at_s = start_at_s
         self.index_filter = index_filter
+        self.overload = overload
+        self.stopped: str | None = None
+        self._drain_override_s: float | None = None
         self.progress = progress
         self.progress_interval_s = progress_interval_s
         self.records: list[RequestRecord] = []
@@ -139,7 +174,15 @@ class LoadGenerator:
             return PHASE_WARMUP
         return PHASE_MEASURE
 
+    def stop(self, reason: str, *, drain_s: float | None = None) -> None:
+        """End the run early: no further arrivals; in-flight requests get ``drain_s`` to finish."""
+        if self.stopped is None:
+            self.stopped = reason
+            self._drain_override_s = drain_s
+
     def _measurement_open(self, now_s: float) -> bool:
+        if self.stopped is not None:
+            return False
         w = self.workload
         if w.num_requests is not None and self._measured >= w.num_requests:
             return False
@@ -232,6 +275,20 @@ class LoadGenerator:
             for task in workers:
                 task.cancel()
 
+    async def _watch_overload(self, guard: OverloadGuard) -> None:
+        rate = self.workload.rate_rps or 0.0
+        samples: list[tuple[float, int, int]] = []
+        while self.stopped is None:
+            await asyncio.sleep(guard.interval_s)
+            now = self.clock()
+            if self._measure_start_s is None or now < self._measure_start_s:
+                continue
+            samples.append((now, len(self._tasks), len(self.records)))
+            while samples and samples[0][0] < now - guard.window_s:
+                samples.pop(0)
+            if guard.overloaded(samples):
+                self.stop(f"overload: backlog grew to {samples[-1][1]} in flight at {rate:g} rps", drain_s=0.0)
+
     # ------------------------------------------------------------------ progress
 
     async def _report_progress(self, start_s: float) -> None:
@@ -265,6 +322,8 @@ class LoadGenerator:
             await asyncio.sleep(start_s - self.clock())  # closed loop: slots open together
         if self.progress is not None:
             helpers.append(asyncio.create_task(self._report_progress(start_s)))
+        if self.overload is not None and w.open_loop:
+            helpers.append(asyncio.create_task(self._watch_overload(self.overload)))
         arrivals = asyncio.create_task(self._open_loop(start_s) if w.open_loop else self._closed_loop(start_s))
         cancelled = 0
         try:
@@ -272,8 +331,10 @@ class LoadGenerator:
             if w.open_loop:
                 await arrivals
                 arrivals_end = self.clock()
+                if self._drain_override_s is not None:
+                    drain_s = self._drain_override_s
                 pending = set(self._tasks)
-                if pending:
+                if pending and drain_s > 0:
                     await asyncio.wait(pending, timeout=drain_s)
             else:
                 # Closed loop: the workers stop sending at the bound and wait for their own request;
@@ -306,6 +367,7 @@ class LoadGenerator:
             loop_lag_max_s=lag_max,
             loop_lag_p99_s=lag_p99,
             cancelled=cancelled,
+            stopped=self.stopped,
         )
 
     async def _cancel_in_flight(self, arrivals: asyncio.Task | None) -> int:
@@ -326,7 +388,8 @@ class LoadGenerator:
                 continue
             record.ok = False
             record.error_kind = "cancelled"
-            record.error_detail = "still in flight at the run's deadline"
+            record.error_detail = (f"still in flight when the run stopped ({self.stopped})" if self.stopped
+                                   else "still in flight at the run's deadline")
             if record.end_s is None:
                 record.end_s = now
             count += 1

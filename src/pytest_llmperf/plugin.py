@@ -23,7 +23,7 @@ from .objectives import SLO, SLOError, check
 from .fingerprint import FingerprintMismatch
 from .gate import RunComparison, compare_entries, fingerprint_for, gated_stats, headline, run_entry, session_document, session_holm
 from .stats import DEFAULT_TRIALS
-from .store import BaselineMissing, BaselineStore, StoreError
+from .store import BaselineMissing, BaselineStore, StoreError, validate_name
 from .workload import Workload, WorkloadError
 
 SLO_MARKER_HELP = (
@@ -86,6 +86,7 @@ class LLMPerfSession:
         self.outcomes: dict[str, str] = {}
         self.report_paths: list[str] = []
         self.report_error: str | None = None
+        self.sigterm_installed = False
 
     def load_baseline(self) -> None:
         """Read the baseline once, before any load is generated; a bad file stops the session."""
@@ -176,6 +177,7 @@ class LLMPerf:
         self.gate_errors: list[str] = []
         self.notes: list[str] = []
         self.cache_failures: list[str] = []
+        self.capacities: list[Any] = []  # CapacityResult of every capacity() call, in order
 
     @property
     def slo(self) -> SLO | None:
@@ -231,6 +233,44 @@ class LLMPerf:
         self._session.results.append((self._item.nodeid, result))
         self._record_properties(result)
         self._gate(key, result, server)
+        return result
+
+    def capacity(self, workload: Workload, *, slo_attainment: float | None = None, start_rps: float | None = None,
+                 step_s: float | None = None, warmup_s: float | None = None, growth: float = 2.0,
+                 precision: float = 0.05, max_steps: int = 12, min_rps: float | None = None,
+                 max_rps: float | None = None) -> Any:
+        """Highest arrival rate at which the test's SLO attainment holds (see capacity.py).
+
+        Steps last ``step_s`` (default: the workload's ``duration_s``, else 20 s) after
+        ``warmup_s`` (default: the workload's, else a quarter step), both scaled by
+        ``--llmperf-duration-scale``. ``slo_attainment`` defaults to the SLO's
+        ``attainment_min``, else 0.95. Returns a CapacityResult, also kept in ``capacities``.
+        """
+        from .capacity import SearchPlan, default_attainment, search
+        from .loadgen import OverloadGuard
+
+        if not isinstance(workload, Workload):
+            raise TypeError(f"llmperf.capacity expects a Workload, got {type(workload).__name__}")
+        opts = self._session.options
+        server = self.server
+        step = (step_s if step_s is not None else workload.duration_s or 20.0) * opts.duration_scale
+        warm = (warmup_s if warmup_s is not None else workload.warmup_s or step / 4) * opts.duration_scale
+        plan = SearchPlan(start_rps=start_rps or workload.rate_rps or 1.0,
+                          slo_attainment=default_attainment(self.slo, slo_attainment), step_s=step,
+                          warmup_s=warm, growth=growth, precision=precision, max_steps=max_steps,
+                          min_rps=min_rps, max_rps=max_rps)
+        printer = self._session.progress_printer(f"{self._item.name} capacity")
+        runner = Runner(server.base_url, model=server.model, api_key=self._session.api_key,
+                        length_fields=server.length_fields, progress=printer,
+                        progress_interval_s=printer.interval_s, workers=opts.workers, overload=OverloadGuard())
+        try:
+            result = search(workload, lambda w: runner.run(w, slo=self.slo), plan)
+        finally:
+            printer.done()
+        self.capacities.append(result)
+        n = len(self.capacities)
+        prefix = "llmperf.capacity" if n == 1 else f"llmperf.capacity{n}"
+        self._item.user_properties.append((f"{prefix}_rps", result.capacity_rps))
         return result
 
     def _gate(self, key: str, result: RunResult, server: ServerInfo) -> None:
@@ -353,7 +393,8 @@ def pytest_configure(config: pytest.Config) -> None:
     except OptionError as exc:
         raise pytest.UsageError(str(exc)) from None
     session = LLMPerfSession(config, options)
-    _install_sigterm()  # before the reaper, which stops servers first and then chains to it
+    # Before the reaper, which stops the servers first and then chains to this handler.
+    session.sigterm_installed = _install_sigterm()
     session.reaper.install()
     config.stash[SESSION_KEY] = session
 
@@ -367,7 +408,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     finally:
         session.reaper.stop_all()
         session.reaper.uninstall()
-        _uninstall_sigterm()
+        if session.sigterm_installed:
+            _uninstall_sigterm()
 
 
 class Terminated(KeyboardInterrupt):
@@ -380,10 +422,12 @@ def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
                      "no baseline was saved")
 
 
-def _install_sigterm() -> None:
+def _install_sigterm() -> bool:
     # Only where SIGTERM still has its default action: a handler someone else installed wins.
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+        return True
+    return False
 
 
 def _uninstall_sigterm() -> None:
@@ -424,6 +468,7 @@ def _prepare_baselines(session: LLMPerfSession, items: list[pytest.Item]) -> Non
         return
     if session.options.save:
         try:
+            validate_name(session.options.save)  # a bad name must not wait for the end of the run
             session.store.check_writable()
         except StoreError as exc:
             raise pytest.UsageError(f"--llmperf-save {session.options.save}: {exc}") from None
@@ -526,6 +571,9 @@ def _write_reports(session: LLMPerfSession) -> None:
         session.report_paths = [str(p) for p in paths]
     except OSError as exc:
         session.report_error = f"could not write reports to {session.options.report_path}: {exc}"
+    except Exception as exc:  # noqa: BLE001 - a report bug must not cost the baseline saved after it
+        session.report_error = (f"could not write reports to {session.options.report_path}: "
+                                f"{type(exc).__name__}: {exc} (a pytest-llmperf bug: please report it)")
 
 
 def _check_report_dir(session: LLMPerfSession) -> None:

@@ -25,7 +25,7 @@ import numpy as np
 from .cache_check import CacheCheck
 from .cache_check import verify as verify_cache
 from .client import StreamingClient
-from .loadgen import LoadGenerator, Progress, run_sync
+from .loadgen import LoadGenerator, OverloadGuard, Progress, run_sync
 from .metrics import Summary, summarize
 from .prompts import PromptFactory, TokenModel, calibrate_with_tokenizer, estimated_model, fit_from_usage
 from .records import PHASE_MEASURE, PreparedRequest, RequestRecord
@@ -131,6 +131,7 @@ class Runner:
         progress_interval_s: float = 2.0,
         workers: int | None = None,
         use_uvloop: bool | None = None,
+        overload: OverloadGuard | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
@@ -152,6 +153,8 @@ class Runner:
         self.workers = workers
         # None: uvloop when installed (cheaper per chunk), True: required, False: never.
         self.use_uvloop = use_uvloop
+        # Ends open-loop trials early when the backlog grows without bound (capacity search).
+        self.overload = overload
         self._token_models: dict[str, TokenModel] = {}
 
     def __repr__(self) -> str:  # never show the key
@@ -273,6 +276,7 @@ class Runner:
                 progress=self.progress,
                 progress_interval_s=self.progress_interval_s,
                 prepare=client.encode,
+                overload=self.overload,
             )
             sampler = None
             if self.metrics_url:
@@ -283,7 +287,7 @@ class Runner:
                     spec = ClientSpec(self.base_url, model, self._api_key, client.timeout_s,
                                       client.max_connections, self.use_uvloop)
                     outcome, sent = await run_in_workers(
-                        workload, make, spec, n_workers, origin_s=origin,
+                        workload, make, spec, n_workers, origin_s=origin, overload=self.overload,
                         progress=self.progress, progress_interval_s=self.progress_interval_s)
                     expected.update(sent)
                 else:

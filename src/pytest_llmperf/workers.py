@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .client import StreamingClient
-from .loadgen import LoadGenerator, LoadOutcome, Progress, run_sync
+from .loadgen import LoadGenerator, LoadOutcome, OverloadGuard, Progress, run_sync
 from .records import PHASE_MEASURE, PHASE_WARMUP, PreparedRequest, RequestRecord
 from .workload import Workload
 
@@ -95,6 +95,7 @@ async def run_in_workers(
     origin_s: float,
     progress: Callable[[Progress], None] | None = None,
     progress_interval_s: float = 2.0,
+    overload: OverloadGuard | None = None,
 ) -> tuple[LoadOutcome, dict[int, int | None]]:
     """Run one trial of ``workload`` from ``workers`` processes; merge their outcomes.
 
@@ -112,7 +113,7 @@ async def run_in_workers(
     pipes, procs = [], []
     for k, share in enumerate(shares):
         parent_end, child_end = ctx.Pipe(duplex=False)
-        job = _Job(k, n, share, spec, origin_s, start_at_s, progress_interval_s, progress is not None)
+        job = _Job(k, n, share, spec, origin_s, start_at_s, progress_interval_s, progress is not None, overload)
         proc = ctx.Process(target=_worker_main, args=(child_end, job, make), name=f"llmperf-worker-{k}",
                            daemon=True)
         proc.start()
@@ -144,6 +145,7 @@ def merge_outcomes(outcomes: list[LoadOutcome]) -> LoadOutcome:
     return LoadOutcome(
         records=records,
         measure_start_s=min(o.measure_start_s for o in outcomes),
+        stopped=next((o.stopped for o in outcomes if o.stopped), None),
         arrivals_end_s=max(o.arrivals_end_s for o in outcomes),
         end_s=max(o.end_s for o in outcomes),
         loop_lag_max_s=max(o.loop_lag_max_s for o in outcomes),
@@ -227,6 +229,7 @@ class _Job:
     start_at_s: float
     progress_interval_s: float
     report_progress: bool
+    overload: OverloadGuard | None = None
 
 
 def _worker_main(pipe: Any, job: _Job, make: Callable[[int, str], PreparedRequest]) -> None:
@@ -269,6 +272,8 @@ async def _worker_run(pipe: Any, job: _Job, make: Callable[[int, str], PreparedR
             prepare=client.encode,
             start_at_s=job.start_at_s,
             index_filter=(lambda i, k=job.index, n=job.count: i % n == k) if open_loop and job.count > 1 else None,
+            # Each worker sees its 1/n share of the arrivals, hence of the backlog's growth.
+            overload=job.overload,
         )
         outcome = await generator.run()
     return outcome, expected

@@ -1,0 +1,182 @@
+"""A real engine end to end: llama.cpp's llama-server on a tiny random-weight GGUF, on the CPU.
+
+The model is written here with the ``gguf`` package (nothing is downloaded); llama-server comes
+from scripts/install-llamacpp.sh (or $LLMPERF_LLAMA_SERVER, or PATH). Without either, these tests
+skip and say what to install.
+"""
+
+import json
+import os
+import shutil
+
+import httpx
+import pytest
+
+from pytest_llmperf.prompts import COMMON_WORDS
+from pytest_llmperf.servers.presets import build_launch
+from pytest_llmperf.servers.process import free_port
+from pytest_llmperf.telemetry.prometheus import parse_exposition
+from pytest_llmperf.testing import find_llama_server
+from pytest_llmperf.testing.tiny_gguf import (
+    CONSTANT_CHANNEL,
+    TinyModelError,
+    _bpe,
+    _spell,
+    build_tiny_llama_gguf,
+    build_vocab,
+    bytes_to_unicode,
+)
+
+pytestmark = pytest.mark.realengine
+
+GGUF_HINT = "pip install 'pytest-llmperf[llamacpp]' (or run scripts/install-llamacpp.sh)"
+SERVER_ARGS = "--parallel 4 --threads 2 --ctx-size 2048"
+OUTPUT_TOKENS = 16
+MEASURED = 20
+WARMUP = 2
+
+PERF_TEST = f"""
+from pytest_llmperf import Workload, slo
+
+# Limits far above what a 64-wide model needs even on a busy 2-core runner: this checks the
+# plumbing, not llama.cpp's speed.
+@slo(ttft_p95=5.0, tpot_p50=0.5, error_rate=0.0)
+def test_tiny_llama(llmperf):
+    result = llmperf.run(Workload(input_tokens=32, output_tokens={OUTPUT_TOKENS}, concurrency=4,
+                                  num_requests={MEASURED}, warmup_requests={WARMUP}, seed=1))
+    records = result.records
+    assert len(records) == 2 * ({MEASURED} + {WARMUP}), len(records)
+    assert all(r.ok for r in records), [r.error_detail for r in records if not r.ok][:3]
+    # Exact lengths, counted by the server: ignore_eos plus a model that never samples EOS.
+    assert {{r.output_tokens for r in records}} == {{{OUTPUT_TOKENS}}}
+    assert {{r.token_source for r in records}} == {{"usage"}}
+    # Every token is a whole word, so every token arrives as its own chunk of visible text.
+    assert {{len(r.chunk_times_s) for r in records}} == {{{OUTPUT_TOKENS}}}
+    # Prompts hit their length: the vocabulary holds every word the prompts are made of.
+    assert {{r.prompt_tokens for r in records}} == {{32}}, sorted({{r.prompt_tokens for r in records}})
+"""
+
+
+@pytest.fixture(scope="module")
+def llama_server():
+    path, where = find_llama_server()
+    if path is None:
+        pytest.skip(where)
+    return path
+
+
+@pytest.fixture(scope="module")
+def gguf_module():
+    return pytest.importorskip("gguf", reason=f"the gguf package is not installed: {GGUF_HINT}")
+
+
+@pytest.fixture(scope="module")
+def tiny_model(gguf_module, tmp_path_factory):
+    return build_tiny_llama_gguf(tmp_path_factory.mktemp("model") / "tiny-llama.gguf")
+
+
+def test_vocabulary_makes_every_prompt_word_one_token():
+    vocab = build_vocab(COMMON_WORDS)
+    table = bytes_to_unicode()
+    ranks = {tuple(m.split(" ")): i for i, m in enumerate(vocab.merges)}
+    ids = {t: i for i, t in enumerate(vocab.tokens)}
+    for word in COMMON_WORDS:
+        for text in (" " + word, word):
+            pieces = _bpe(list(_spell(text, table)), ranks)
+            assert len(pieces) == 1 and pieces[0] in ids, (text, pieces)
+    # a word outside the vocabulary still tokenizes (into known pieces)
+    assert all(p in ids for p in _bpe(list(_spell(" zebra", table)), ranks))
+    assert len(set(vocab.tokens)) == len(vocab.tokens)
+    assert sorted(vocab.word_ids) == sorted(ids[_spell(" " + w, table)] for w in COMMON_WORDS)
+    assert vocab.eos_id not in vocab.word_ids
+
+
+def test_bad_model_arguments_are_named():
+    with pytest.raises(TinyModelError, match="n_embd .* multiple of n_head"):
+        build_tiny_llama_gguf("unused.gguf", n_embd=60, n_head=8)
+    with pytest.raises(TinyModelError, match="vocab_words"):
+        build_vocab(["fine", "two words"])
+    with pytest.raises(TinyModelError, match="n_layer"):
+        build_tiny_llama_gguf("unused.gguf", n_layer=0)
+
+
+def test_gguf_file_reads_back_as_a_llama_model(gguf_module, tiny_model):
+    reader = gguf_module.GGUFReader(str(tiny_model))
+    fields = {name: field.contents() for name, field in reader.fields.items()}
+    assert fields["general.architecture"] == "llama"
+    assert fields["tokenizer.ggml.model"] == "gpt2"
+    assert fields["tokenizer.ggml.pre"] == "gpt-2"
+    n_vocab = len(fields["tokenizer.ggml.tokens"])
+    tensors = {t.name: t for t in reader.tensors}
+    assert set(tensors) >= {"token_embd.weight", "output.weight", "blk.1.ffn_down.weight"}
+    assert list(tensors["token_embd.weight"].shape) == [64, n_vocab]  # GGUF order: n_embd first
+    embd = tensors["token_embd.weight"].data
+    assert (embd[:, CONSTANT_CHANNEL] == embd[0, CONSTANT_CHANNEL]).all()
+    # no layer writes to the constant channel
+    assert not tensors["blk.0.attn_output.weight"].data[CONSTANT_CHANNEL].any()
+    assert not tensors["blk.1.ffn_down.weight"].data[CONSTANT_CHANNEL].any()
+    # the same arguments give the same bytes
+    again = build_tiny_llama_gguf(tiny_model.with_name("again.gguf"))
+    assert again.read_bytes() == tiny_model.read_bytes()
+
+
+def test_llama_server_tokenizes_generates_and_exports_metrics(llama_server, tiny_model, tmp_path):
+    port = free_port("127.0.0.1")
+    spec = build_launch("llamacpp", model=str(tiny_model), host="127.0.0.1", port=port,
+                        extra_args=SERVER_ARGS, which=lambda name: str(llama_server))
+    assert spec.preset.variant == "llama-server"
+    process = spec.server_process(tmp_path / "server.log", startup_timeout_s=60, grace_s=5)
+    process.start()
+    try:
+        with httpx.Client(base_url=spec.root_url, timeout=30, trust_env=False) as http:
+            for word in ("the", "people", "against"):
+                tokens = http.post("/tokenize", json={"content": " " + word}).json()["tokens"]
+                assert len(tokens) == 1, (word, tokens)
+            body = {"model": str(tiny_model), "messages": [{"role": "user", "content": "the world"}],
+                    "max_tokens": 12, "ignore_eos": True, "stream": False}
+            answer = http.post("/v1/chat/completions", json=body).json()
+            assert answer["usage"]["completion_tokens"] == 12
+            words = answer["choices"][0]["message"]["content"].split()
+            assert len(words) == 12 and set(words) <= set(COMMON_WORDS), words
+            # without ignore_eos too: the model never samples EOS
+            body.update(ignore_eos=False, max_tokens=20)
+            assert http.post("/v1/chat/completions", json=body).json()["usage"]["completion_tokens"] == 20
+            snapshot = parse_exposition(http.get("/metrics").text)
+            assert snapshot.engine == "llamacpp"
+            assert snapshot.values["generation_tokens"] >= 32
+            assert snapshot.values["prompt_tokens"] > 0
+            assert snapshot.values["running"] == 0
+    finally:
+        process.stop()
+
+
+def test_plugin_end_to_end_with_slo_and_baseline(llama_server, tiny_model, pytester, monkeypatch):
+    # The preset finds llama-server on PATH, as it would for a user.
+    monkeypatch.setenv("PATH", f"{llama_server.parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    assert shutil.which("llama-server") == str(llama_server)
+    pytester.makepyfile(test_perf=PERF_TEST)
+    args = ["-p", "no:cacheprovider", "--llmperf-server", "llamacpp", "--llmperf-model", str(tiny_model),
+            "--llmperf-server-args", SERVER_ARGS, "--llmperf-trials", "2", "--llmperf-startup-timeout", "60"]
+
+    saved = pytester.runpytest(*args, "--llmperf-save", "main")
+    saved.assert_outcomes(passed=1)
+    saved.stdout.fnmatch_lines(["*saved baseline 'main'*"])
+
+    compared = pytester.runpytest(*args, "--llmperf-baseline", "main")
+    compared.assert_outcomes(passed=1)
+    compared.stdout.fnmatch_lines(["*against baseline 'main'*", "*tpot_p50*"])
+
+    doc = json.loads((pytester.path / ".llmperf" / "report" / "llmperf.json").read_text())
+    assert doc["server"]["preset"] == "llamacpp"
+    assert doc["server"]["version"].startswith("b")  # llama-server's build_info, e.g. b11434-...
+    (run,) = doc["tests"][0]["runs"]
+    assert run["slo_passed"] is True
+    assert {v["name"] for v in run["verdicts"]} >= {"tpot_p50"}
+    telemetry = run["telemetry"]
+    assert len(telemetry) == 2
+    for trial in telemetry:
+        assert trial["available"] and trial["engine"] == "llamacpp", trial.get("reason")
+        deltas = trial["deltas"]
+        # every token the trial generated, warm-up included, counted by the server itself
+        assert deltas["generation_tokens"] == (MEASURED + WARMUP) * OUTPUT_TOKENS
+        assert deltas["prompt_tokens"] > 0
