@@ -473,7 +473,9 @@ def _build(path: Path, name: str, data: Any, node: Any) -> Workload:
             if f"'{key}'" in message or message.startswith(key) or f" {key} " in message:
                 line = key_line
                 break
-        raise WorkloadError(f"{path}:{line}: {name}: {message}") from None
+        if not message.startswith(f"{name}:"):
+            message = f"{name}: {message}"
+        raise WorkloadError(f"{path}:{line}: {message}") from None
     except TypeError as exc:
         raise WorkloadError(f"{path}:{node.start_mark.line + 1}: {name}: {exc}") from None
 
