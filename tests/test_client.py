@@ -588,3 +588,55 @@ def test_models_and_health(server):
     assert call(f"http://127.0.0.1:{port}/v1", "health") is False
     with pytest.raises(ClientError, match=f"127.0.0.1:{port}/v1/models"):
         call(f"http://127.0.0.1:{port}/v1", "list_models")
+
+
+# ---------------------------------------------------------------------- keep-alive edge cases
+
+
+def test_reused_connection_closed_by_the_server_is_retried_once():
+    """A server's keep-alive timeout can close an idle connection just as a request goes out on
+    it; that request must be retried on a fresh connection, not reported as a failure."""
+    body = chunk("a") + chunk("b", finish="stop") + usage_chunk(1, 2) + DONE
+    answer = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: "
+              + str(len(body)).encode() + b"\r\n\r\n" + body)
+    connections: list[int] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(len(connections))
+        served = 0
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int([ln for ln in head.split(b"\r\n") if ln.lower().startswith(b"content-length")][0]
+                         .split(b":")[1])
+            await reader.readexactly(length)
+            if served == 1 and len(connections) == 1:  # the second request on the first connection
+                writer.close()
+                return
+            writer.write(answer)
+            await writer.drain()
+            served += 1
+
+    async def main() -> list[RequestRecord]:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            async with StreamingClient(f"http://127.0.0.1:{port}/v1", model="m", origin_s=time.perf_counter()) as client:
+                return [await client.send(PreparedRequest(index=i, prompt="p", max_tokens=2), RequestRecord(index=i))
+                        for i in range(3)]
+        finally:
+            server.close()
+
+    records = asyncio.run(main())
+    assert all(r.ok and r.output_tokens == 2 for r in records), records
+    assert len(connections) == 2  # the dropped request went out again on a new connection
+
+
+def test_encoded_request_is_sent_as_is(server):
+    async def main() -> RequestRecord:
+        async with StreamingClient(server.url("usage"), model="m", origin_s=time.perf_counter()) as client:
+            encoded = client.encode(PreparedRequest(index=0, prompt="ahead of time", max_tokens=4))
+            assert encoded.wire.endswith(encoded.body) and b"Content-Length: " in encoded.wire
+            return await client.send(encoded, RequestRecord(index=0))
+
+    rec = asyncio.run(main())
+    assert rec.ok and server.seen[-1].body["messages"][0]["content"] == "ahead of time"

@@ -642,7 +642,7 @@ def test_bad_slo_value_is_a_usage_error(pytester, marker, message):
     "yaml_text, message",
     [
         pytest.param("input_tokens: 16\noutput_tokens: 4\nrate_rsp: 20\nnum_requests: 5\n",
-                     "w.yaml:3: *unknown key 'rate_rsp'; valid keys: *rate_rps*", id="yaml-key-typo"),
+                     "w.yaml:3: *unknown key 'rate_rsp' (did you mean 'rate_rps'?); valid keys: *rate_rps*", id="yaml-key-typo"),
         pytest.param("input_tokens: 16\noutput_tokens: 4\nrate_rps: 20\nnum_requests: 5\narrival: poison\n",
                      "w.yaml:5: *arrival must be one of poisson*got 'poison'", id="yaml-value-typo"),
         pytest.param("input_tokens: 16\n output_tokens: 4\nrate_rps: 20\n",

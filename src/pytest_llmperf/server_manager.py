@@ -171,6 +171,7 @@ class ServerManager:
         process = spec.server_process(log_path, startup_timeout_s=cfg.startup_timeout_s)
         if cfg.api_key:
             process.secrets.add(cfg.api_key)
+            process.probe_api_key = cfg.api_key
         if self.reaper is not None:
             self.reaper.start(process)
         else:

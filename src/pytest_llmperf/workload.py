@@ -7,6 +7,7 @@ can be loaded from YAML with errors that name the file, the key and the line.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import json
 from dataclasses import InitVar, dataclass, field
@@ -393,8 +394,10 @@ def _checked_keys(data: Any, cls: type, source: str) -> dict[str, Any]:
     valid = _field_names(cls)
     unknown = [k for k in data if k not in valid]
     if unknown:
+        close = difflib.get_close_matches(str(unknown[0]), valid, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise WorkloadError(
-            f"{source}: unknown key {unknown[0]!r}; valid keys: {', '.join(sorted(valid))}"
+            f"{source}: unknown key {unknown[0]!r}{hint}; valid keys: {', '.join(sorted(valid))}"
         )
     return dict(data)
 

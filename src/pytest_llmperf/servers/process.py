@@ -184,6 +184,8 @@ class ServerProcess:
         self.grace_s = float(grace_s)
         self.cwd = cwd
         self.startup_s: float | None = None
+        # Sent as a bearer token by the readiness probe; never printed (it is also in `secrets`).
+        self.probe_api_key: str | None = None
         self.served_models: list[str] = []
         # Secrets not recognisable by their variable's name (e.g. the client's API key), masked in
         # the command and in log tails like those that are.
@@ -311,7 +313,9 @@ class ServerProcess:
                     )
                 url = pending[0]
                 try:
-                    resp = client.get(url, timeout=min(_PROBE_TIMEOUT_S, max(remaining, 0.05)))
+                    # An engine started with --api-key guards /v1/models too: probe with the key.
+                    headers = {"Authorization": f"Bearer {self.probe_api_key}"} if self.probe_api_key else None
+                    resp = client.get(url, timeout=min(_PROBE_TIMEOUT_S, max(remaining, 0.05)), headers=headers)
                     last_probe = f"HTTP {resp.status_code}"
                     if resp.status_code == 200:
                         if url == self.models_url:
