@@ -6,7 +6,6 @@ import asyncio
 import itertools
 import time
 
-import pytest
 
 from pytest_llmperf.sim import PRESETS, PerfModel
 from pytest_llmperf.sim.engine import Engine

@@ -25,7 +25,6 @@ from pytest_llmperf.telemetry import (
     TelemetryError,
     TelemetrySampler,
     decode_clock_event_reasons,
-    gpu_inventory,
     metrics_url,
     parse_exposition,
     scrape,
@@ -570,12 +569,6 @@ def test_nvml_absent_is_unavailable(monkeypatch):
     assert result == GpuTelemetry(available=False, reason="nvidia-ml-py not installed",
                                   interval_s=0.01)
     assert not result.throttled
-    assert gpu_inventory() == {
-        "gpu_name": "none",
-        "gpu_count": 0,
-        "driver_version": "none",
-        "gpu_memory_mib": 0,
-    }
 
 
 def test_nvml_without_driver_is_unavailable_with_the_nvml_error(monkeypatch):
@@ -584,7 +577,6 @@ def test_nvml_without_driver_is_unavailable_with_the_nvml_error(monkeypatch):
         pass
     assert sampler.result is not None and not sampler.result.available
     assert "Driver Not Loaded" in (sampler.result.reason or "")
-    assert gpu_inventory()["gpu_name"] == "none"
 
 
 @pytest.mark.parametrize("legacy", [False, True])
@@ -620,14 +612,6 @@ def test_no_throttle_when_only_idle_and_power_cap(monkeypatch):
     assert not sampler.result.throttled and sampler.result.throttle_reasons == []
 
 
-def test_gpu_inventory_with_fake_nvml(monkeypatch):
-    monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml())
-    assert gpu_inventory() == {
-        "gpu_name": "NVIDIA H100 80GB HBM3",
-        "gpu_count": 2,
-        "driver_version": "550.54.15",
-        "gpu_memory_mib": 80 * 1024,
-    }
 
 
 def test_bad_device_index_is_a_clear_error(monkeypatch):

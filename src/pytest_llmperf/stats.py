@@ -277,9 +277,9 @@ def decide(
         return Verdict.NOT_GATED, "no estimate"
     # Map to a "badness" scale where positive is worse, so one rule serves both directions.
     if higher_is_better:
-        bad, bad_lo, bad_hi = -change, -ci_high, -ci_low
+        bad, bad_hi = -change, -ci_low
     else:
-        bad, bad_lo, bad_hi = change, ci_low, ci_high
+        bad, bad_hi = change, ci_high
     if p_adjusted < alpha and bad > tolerance:
         return Verdict.REGRESSED, ""
     if bad_hi < 0 and -bad > tolerance:

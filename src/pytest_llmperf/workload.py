@@ -12,7 +12,7 @@ import hashlib
 import json
 from dataclasses import InitVar, dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import numpy as np
 

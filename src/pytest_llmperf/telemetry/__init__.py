@@ -14,7 +14,6 @@ from .gpu import (
     GpuTelemetry,
     THROTTLING_REASONS,
     decode_clock_event_reasons,
-    gpu_inventory,
 )
 from .prometheus import (
     COUNTERS,
@@ -52,7 +51,6 @@ __all__ = [
     "TelemetrySampler",
     "VOCABULARY",
     "decode_clock_event_reasons",
-    "gpu_inventory",
     "metrics_url",
     "parse_exposition",
     "scrape",
