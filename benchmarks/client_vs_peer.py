@@ -195,7 +195,7 @@ def lag_ms(sends: list[float], rate: float) -> tuple[float, float]:
     return float(np.percentile(lag, 50) * 1e3), float(np.percentile(lag, 99) * 1e3)
 
 
-PACED = ["--preset", "llama-3.1-8b-h100", "--max-num-seqs", "1024", "--time-scale", "10"]
+PACED = ["--preset", "llama-3.1-8b-h100", "--model", MODEL, "--max-num-seqs", "1024", "--time-scale", "10"]
 
 
 def start_sim(flags: list[str] | None = None) -> tuple[subprocess.Popen, str]:
@@ -226,13 +226,14 @@ def main() -> int:
     parser.add_argument("--rates", type=float, nargs="+", default=[50, 200, 1000])
     parser.add_argument("--itl-streams", type=int, default=1000)
     parser.add_argument("--no-peer", action="store_true", help="our figures only")
+    parser.add_argument("--parts", nargs="+", choices=("cpu", "lag", "itl"), default=["cpu", "lag", "itl"])
     args = parser.parse_args()
     exe, peer_name = (None, "peer skipped (--no-peer)") if args.no_peer else ensure_peer()
     proc, url = start_sim()
     rows = []
     try:
         print(f"server: simulator preset 'zero' (--stamp-chunks) in its own process; peer: {peer_name}", flush=True)
-        for c in args.concurrency:
+        for c in args.concurrency if "cpu" in args.parts else []:
             n1, n2 = c * 2, c * 10
             figures = []
             for runner in ("ours", "peer"):
@@ -247,7 +248,7 @@ def main() -> int:
                 figures.append(chunks / max(cpu2 - cpu1, 1e-9))
             rows.append((f"chunks per CPU-second, {c} streams", figures[0], figures[1], "higher", ",.0f"))
             print(f"  {rows[-1][0]}: ours {fmt(figures[0], ',.0f')}, peer {fmt(figures[1], ',.0f')}", flush=True)
-        for rate in args.rates:
+        for rate in args.rates if "lag" in args.parts else []:
             n = int(min(max(rate * 4, 200), 4000))
             lags = []
             for runner in ("ours", "peer"):
@@ -262,7 +263,8 @@ def main() -> int:
             print(f"  {rows[-1][0]}: ours {fmt(lags[0][1], '.3f')}, peer {fmt(lags[1][1], '.3f')}", flush=True)
         streams = args.itl_streams
         proc.stop()
-        for label, flags, requests in (("zero-delay", None, streams * 2), ("paced", PACED, streams)):
+        itl_runs = (("zero-delay", None, streams * 2), ("paced", PACED, streams)) if "itl" in args.parts else ()
+        for label, flags, requests in itl_runs:
             proc, url = start_sim(flags)
             errs = []
             for runner in ("ours", "peer"):

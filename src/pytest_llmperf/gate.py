@@ -261,3 +261,59 @@ def headline(runs: Sequence[RunComparison]) -> str:
             plural = word + ("s" if n > 1 and word in ("regression", "improvement") else "")
             parts.append(f"{n} {plural}")
     return ", ".join(parts) if parts else "nothing compared"
+
+
+# ---------------------------------------------------------------------- capacity
+
+
+def capacity_entry(result: Any, fingerprint: Fingerprint, label: str) -> dict[str, Any]:
+    """A capacity search as a run entry: the bracket [capacity, first failing rate] it found."""
+    return {"kind": "capacity", "label": label, "fingerprint": fingerprint.to_dict(),
+            "slo": None, "summary": None, "trials": [], "capacity": result.to_dict()}
+
+
+def compare_capacity(key: str, baseline: Mapping[str, Any], candidate: Mapping[str, Any], *,
+                     tolerance: float, alpha: float, allow: Sequence[str] = ()) -> RunComparison:
+    """Gate a capacity figure by its search brackets, not by a test statistic.
+
+    A search pins capacity between the highest passing rate ``lo`` and the lowest failing rate
+    ``hi`` (within its ``precision``); that bracket is the uncertainty. REGRESSED when the
+    candidate's whole bracket lies below the baseline's lower end by more than the tolerance,
+    IMPROVED the mirror, UNCHANGED when the brackets agree within the tolerance, INCONCLUSIVE
+    otherwise. The decision has no p-value, so Holm's correction leaves it as it is.
+    """
+    allowed = ensure_comparable(Fingerprint.from_dict(baseline["fingerprint"]),
+                                Fingerprint.from_dict(candidate["fingerprint"]), allow)
+
+    def bracket(entry: Mapping[str, Any]) -> tuple[float | None, float | None]:
+        cap = entry.get("capacity") or {}
+        return cap.get("capacity_rps"), cap.get("first_failing_rps")
+
+    b_lo, b_hi = bracket(baseline)
+    c_lo, c_hi = bracket(candidate)
+    out = RunComparison(key=key, label=candidate.get("label", key),
+                        allowed_diffs=[d.describe() for d in allowed] if allowed else [])
+    nan = math.nan
+    common = dict(name="capacity_rps", unit="req/s", higher_is_better=True, theta=nan, p_value=nan,
+                  p_adjusted=nan, tolerance=tolerance, alpha=alpha, mode="search", n_baseline=1,
+                  n_candidate=1, method="capacity search brackets")
+    if not b_lo or not c_lo:
+        out.comparisons.append(Comparison(baseline_value=b_lo or nan, candidate_value=c_lo or nan, change=nan,
+                                          ci_low=nan, ci_high=nan, verdict=Verdict.NOT_GATED,
+                                          reason="a search found no passing rate", **common))
+        return out
+    b_hi = b_hi or b_lo
+    c_hi = c_hi or c_lo
+    change = c_lo / b_lo - 1.0
+    ci_low, ci_high = c_lo / b_hi - 1.0, c_hi / b_lo - 1.0
+    if ci_high < -tolerance:
+        verdict, reason = Verdict.REGRESSED, ""
+    elif ci_low > tolerance:
+        verdict, reason = Verdict.IMPROVED, ""
+    elif ci_low >= -tolerance and ci_high <= tolerance:
+        verdict, reason = Verdict.UNCHANGED, ""
+    else:
+        verdict, reason = Verdict.INCONCLUSIVE, "the search brackets overlap the tolerance; a finer precision would settle it"
+    out.comparisons.append(Comparison(baseline_value=b_lo, candidate_value=c_lo, change=change, ci_low=ci_low,
+                                      ci_high=ci_high, verdict=verdict, reason=reason, **common))
+    return out

@@ -20,8 +20,8 @@ from .runner import RunError, RunResult, Runner
 from .server_manager import ServerConfig, ServerInfo, ServerManager, ServerUnavailable
 from .servers.process import ProcessReaper
 from .objectives import SLO, SLOError, check
-from .fingerprint import FingerprintMismatch
-from .gate import RunComparison, compare_entries, fingerprint_for, gated_stats, headline, run_entry, session_document, session_holm
+from .fingerprint import Fingerprint, FingerprintMismatch
+from .gate import RunComparison, capacity_entry, compare_capacity, compare_entries, fingerprint_for, gated_stats, headline, run_entry, session_document, session_holm
 from .stats import DEFAULT_TRIALS
 from .store import BaselineMissing, BaselineStore, StoreError, validate_name
 from .workload import Workload, WorkloadError
@@ -211,6 +211,7 @@ class LLMPerf:
             reset_cache_url=server.reset_cache_url,
             progress=printer,
             progress_interval_s=printer.interval_s,
+            workers=opts.workers if opts.workers > 1 else None,
         )
         try:
             result = runner.run(workload, slo=self.slo, trials=n_trials)
@@ -271,7 +272,37 @@ class LLMPerf:
         n = len(self.capacities)
         prefix = "llmperf.capacity" if n == 1 else f"llmperf.capacity{n}"
         self._item.user_properties.append((f"{prefix}_rps", result.capacity_rps))
+        self._gate_capacity(f"{self._item.nodeid}#capacity{n - 1}", result, workload, server)
         return result
+
+    def _gate_capacity(self, key: str, result: Any, workload: Workload, server: ServerInfo) -> None:
+        session = self._session
+        gpu = None if server.launched else {"gpu_name": "remote", "gpu_count": 0, "gpu_driver": "remote"}
+        fingerprint = Fingerprint.for_run(
+            engine=server.preset or "unknown", engine_version=server.version or "unknown", model=server.model,
+            sampling=dict(workload.sampling), sim_preset=server.sim_preset, workload=workload,
+            slo=self.slo.to_dict() if self.slo is not None else {}, gpu=gpu)
+        entry = capacity_entry(result, fingerprint, f"capacity {workload.label()}")
+        session.entries[key] = entry
+        base = (session.baseline or {}).get(key) if session.options.baseline else None
+        if not session.options.baseline:
+            return
+        if not base:
+            session.missing_baseline.append(key)
+            self.notes.append(f"no baseline for {key} in {session.options.baseline!r}")
+            return
+        opts = session.options
+        tolerance = self.slo.tolerance if self.slo is not None and self.slo.tolerance is not None else opts.tolerance
+        try:
+            comparison = compare_capacity(key, base[0], entry, tolerance=tolerance, alpha=opts.alpha,
+                                          allow=opts.allowed_diffs)
+        except FingerprintMismatch as exc:
+            message = f"baseline {opts.baseline!r} not comparable: {exc}"
+            self.gate_errors.append(message)
+            session.gate_errors[key] = message
+            return
+        self.comparisons.append(comparison)
+        session.comparisons.append(comparison)
 
     def _gate(self, key: str, result: RunResult, server: ServerInfo) -> None:
         session = self._session
@@ -477,7 +508,7 @@ def _prepare_baselines(session: LLMPerfSession, items: list[pytest.Item]) -> Non
         selected = {item.nodeid for item in items}
         m = 0
         for key, entries in session.baseline.items():
-            if key.rsplit("#", 1)[0] in selected:
+            if key.rsplit("#", 1)[0] in selected and entries[0].get("kind") != "capacity":
                 slo = entries[0].get("slo")
                 m += len(gated_stats(SLO.parse(slo) if slo else None))
         session.family_size = max(1, m)

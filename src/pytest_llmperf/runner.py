@@ -12,7 +12,6 @@ trial for the baseline comparison, and ``result.summary`` pools the trials' meas
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import datetime as dt
 import time

@@ -191,7 +191,7 @@ class ServerManager:
             reset_cache_url=spec.reset_cache_url,
             sim_preset=cfg.sim_preset if cfg.preset == "sim" else None,
             sim_args=list(cfg.sim_args) if cfg.preset == "sim" else [],
-            length_fields=lambda n, ignore, mn: preset.length_fields(n, ignore, mn),
+            length_fields=preset.length_fields,  # a bound method: picklable for worker processes
             process=process,
         )
 

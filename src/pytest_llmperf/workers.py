@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 from .client import StreamingClient
 from .loadgen import LoadGenerator, LoadOutcome, OverloadGuard, Progress, run_sync
-from .records import PHASE_MEASURE, PHASE_WARMUP, PreparedRequest, RequestRecord
+from .records import PHASE_MEASURE, PHASE_WARMUP, PreparedRequest
 from .workload import Workload
 
 # Time the parent leaves between starting the workers and the shared start instant: enough for

@@ -6,9 +6,9 @@ model but well behaved as a load-test target:
 
 - Tokenizer: byte-level BPE (``tokenizer.ggml.model = "gpt2"``, pre-tokenizer ``gpt-2``): the 256
   byte tokens, every given word as one token both with a leading space (``Ġword``) and bare, the
-  intermediate tokens its merges pass through, and ChatML control tokens with a ChatML chat template. Prompts
-  built from the plugin's :data:`~pytest_llmperf.prompts.COMMON_WORDS` therefore have exact token
-  counts.
+  intermediate tokens its merges pass through, and ChatML's control tokens, with a chat template
+  that puts nothing before the user's text (see :data:`CHAT_TEMPLATE`). Prompts built from the
+  plugin's :data:`~pytest_llmperf.prompts.COMMON_WORDS` therefore have exact token counts.
 - Generation stays on whole space-led words and never reaches EOS: embedding channel
   :data:`CONSTANT_CHANNEL` holds the same value for every token and no layer writes to it, so after
   the final norm it is a large positive constant; the output rows put a large positive weight on it
@@ -33,11 +33,12 @@ BOS_EOS_TOKEN = "<|endoftext|>"
 IM_START_TOKEN = "<|im_start|>"
 IM_END_TOKEN = "<|im_end|>"
 CONTROL_TOKENS = (BOS_EOS_TOKEN, IM_START_TOKEN, IM_END_TOKEN)
-CHATML_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+# ChatML's turn markers after the text only: a role header before it ("<|im_start|>user\n") would
+# be a prefix shared by every request, and with the short prompts of a test it alone would exceed
+# the share of cached prompt tokens a cold run may show.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>' }}{% endif %}"
 )
 CONSTANT_CHANNEL = 0
 # Embedding value on the constant channel, and the output weight (+ for words, - for the rest) on
@@ -46,7 +47,6 @@ _CONSTANT_VALUE = 1.0
 _CHANNEL_BIAS = 5.0
 _EMBED_STD = 0.1
 _OUTPUT_STD = 0.5
-_SPACE = "\u0120"  # "Ġ": the byte-level BPE spelling of a leading space
 
 
 class TinyModelError(ValueError):
@@ -306,7 +306,7 @@ def build_tiny_llama_gguf(
         writer.add_eos_token_id(vocab.eos_id)
         writer.add_eot_token_id(vocab.eot_id)
         writer.add_add_bos_token(False)
-        writer.add_chat_template(CHATML_TEMPLATE)
+        writer.add_chat_template(CHAT_TEMPLATE)
         for name, array in tensors.items():
             writer.add_tensor(name, array)
         writer.write_header_to_file()
