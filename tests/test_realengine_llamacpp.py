@@ -1,8 +1,10 @@
 """A real engine end to end: llama.cpp's llama-server on a tiny random-weight GGUF, on the CPU.
 
 The model is written here with the ``gguf`` package (nothing is downloaded); llama-server comes
-from scripts/install-llamacpp.sh (or $LLMPERF_LLAMA_SERVER, or PATH). Without either, these tests
-skip and say what to install.
+from scripts/install-llamacpp.sh (or $LLMPERF_LLAMA_SERVER, or PATH). Without either, the tests
+that need it skip and say what to install; with LLMPERF_REQUIRE_LLAMACPP=1 (CI) they fail instead,
+so a broken install cannot pass as a skip. The tests that start the server are marked
+``realengine``.
 """
 
 import json
@@ -26,8 +28,6 @@ from pytest_llmperf.testing.tiny_gguf import (
     build_vocab,
     bytes_to_unicode,
 )
-
-pytestmark = pytest.mark.realengine
 
 GGUF_HINT = "pip install 'pytest-llmperf[llamacpp]' (or run scripts/install-llamacpp.sh)"
 # One compute thread: on a 2-core runner a second one starves the HTTP thread, and tokens then
@@ -59,12 +59,21 @@ def test_tiny_llama(llmperf):
 """
 
 
+REQUIRED = os.environ.get("LLMPERF_REQUIRE_LLAMACPP", "") not in ("", "0")
+
+
+def _missing(reason):
+    if REQUIRED:
+        pytest.fail(f"LLMPERF_REQUIRE_LLAMACPP is set but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
 @pytest.fixture(scope="module")
 def llama_server():
     path, where = find_llama_server()
     if path is None:
-        pytest.skip(where)
-    return path
+        _missing(where)
+    return path.resolve()
 
 
 @pytest.fixture
@@ -77,7 +86,11 @@ def on_path(llama_server, monkeypatch):
 
 @pytest.fixture(scope="module")
 def gguf_module():
-    return pytest.importorskip("gguf", reason=f"the gguf package is not installed: {GGUF_HINT}")
+    try:
+        import gguf
+    except ImportError:
+        _missing(f"the gguf package is not installed: {GGUF_HINT}")
+    return gguf
 
 
 @pytest.fixture(scope="module")
@@ -130,6 +143,7 @@ def test_gguf_file_reads_back_as_a_llama_model(gguf_module, tiny_model):
     assert again.read_bytes() == tiny_model.read_bytes()
 
 
+@pytest.mark.realengine
 def test_llama_server_tokenizes_generates_and_exports_metrics(on_path, tiny_model, tmp_path):
     port = free_port("127.0.0.1")
     spec = build_launch("llamacpp", model=str(tiny_model), host="127.0.0.1", port=port, extra_args=SERVER_ARGS)
@@ -165,6 +179,7 @@ def _passed(result):
         "\n".join(result.outlines[-60:]))
 
 
+@pytest.mark.realengine
 def test_plugin_end_to_end_with_slo_and_baseline(on_path, tiny_model, pytester):
     pytester.makepyfile(test_perf=PERF_TEST)
     args = ["-p", "no:cacheprovider", "--llmperf-server", "llamacpp", "--llmperf-model", str(tiny_model),
@@ -175,7 +190,10 @@ def test_plugin_end_to_end_with_slo_and_baseline(on_path, tiny_model, pytester):
     saved.stdout.fnmatch_lines(["*server: llamacpp b* serving *tiny-llama.gguf*", "*test_tiny_llama*PASS*",
                                 "*saved baseline 'main'*"])
 
-    compared = pytester.runpytest(*args, "--llmperf-baseline", "main")
+    # Two sessions on a shared CPU differ by 10-20% in TPOT (whatever else runs meanwhile), and two
+    # trials per side cannot see that spread: only a gross change may fail this smoke test. The
+    # gate's power and false-alarm rate are tested against the simulator.
+    compared = pytester.runpytest(*args, "--llmperf-baseline", "main", "--llmperf-tolerance", "0.5")
     _passed(compared)
     compared.stdout.fnmatch_lines(["*against baseline 'main'*", "*tpot_p50*"])
 

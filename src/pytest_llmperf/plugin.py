@@ -69,6 +69,7 @@ class LLMPerfSession:
             reaper=self.reaper,
         )
         self.results: list[tuple[str, RunResult]] = []
+        self.capacities: list[tuple[str, Any]] = []
         self.perf_items = 0
         self.store = BaselineStore(options.store, keep=options.keep) if (options.save or options.baseline) else None
         # Baseline entries by run key (newest saved run first, then pooled history); None = no baseline.
@@ -269,6 +270,7 @@ class LLMPerf:
         finally:
             printer.done()
         self.capacities.append(result)
+        self._session.capacities.append((self._item.nodeid, result))
         n = len(self.capacities)
         prefix = "llmperf.capacity" if n == 1 else f"llmperf.capacity{n}"
         self._item.user_properties.append((f"{prefix}_rps", result.capacity_rps))
@@ -634,7 +636,7 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     session = config.stash.get(SESSION_KEY, None)
-    if session is None or not session.results:
+    if session is None or not (session.results or session.capacities):
         return
     tr = terminalreporter
     tr.write_sep("=", "llmperf summary")
@@ -663,12 +665,15 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
             f"{s.goodput_rps:.2f}",
             status,
         ])
-    tr.write_line(table(
-        ["test", "workload", "ok/req", "TTFT p50", "TTFT p95", "TPOT p50", "TPOT p95", "out tok/s", "goodput", "SLO"],
-        rows, left=2,
-    ))
+    if rows:
+        tr.write_line(table(
+            ["test", "workload", "ok/req", "TTFT p50", "TTFT p95", "TPOT p50", "TPOT p95", "out tok/s", "goodput", "SLO"],
+            rows, left=2,
+        ))
     for note in notes:
         tr.write_line(note)
+    for nodeid, capacity in session.capacities:
+        tr.write_line(f"{nodeid.split('::')[-1]}: {capacity.describe()}")
     _write_verdicts(tr, session)
 
 
