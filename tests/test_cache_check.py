@@ -30,3 +30,10 @@ def test_falls_back_to_cached_tokens_then_unverified():
     check = verify("warm", [None], [_rec(90), _rec(80)])
     assert check.source == "usage.cached_tokens" and check.held is True
     assert verify("cold", [{"available": False}], [_rec(None)]).held is None
+
+
+def test_cold_allows_hits_on_the_chat_template_only():
+    records = [_rec(0, prompt=80) for _ in range(10)]
+    # 30 template tokens of 80 hit for every request: 37% of the prompt, all of it template
+    assert verify("cold", [_tel(300, 800)], records, template_tokens=30).held is True
+    assert verify("cold", [_tel(600, 800)], records, template_tokens=30).held is False

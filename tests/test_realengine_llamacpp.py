@@ -22,8 +22,8 @@ from pytest_llmperf.testing import find_llama_server
 from pytest_llmperf.testing.tiny_gguf import (
     CONSTANT_CHANNEL,
     TinyModelError,
-    _bpe,
-    _spell,
+    bpe,
+    spell,
     build_tiny_llama_gguf,
     build_vocab,
     bytes_to_unicode,
@@ -105,12 +105,12 @@ def test_vocabulary_makes_every_prompt_word_one_token():
     ids = {t: i for i, t in enumerate(vocab.tokens)}
     for word in COMMON_WORDS:
         for text in (" " + word, word):
-            pieces = _bpe(list(_spell(text, table)), ranks)
+            pieces = bpe(list(spell(text, table)), ranks)
             assert len(pieces) == 1 and pieces[0] in ids, (text, pieces)
     # a word outside the vocabulary still tokenizes (into known pieces)
-    assert all(p in ids for p in _bpe(list(_spell(" zebra", table)), ranks))
+    assert all(p in ids for p in bpe(list(spell(" zebra", table)), ranks))
     assert len(set(vocab.tokens)) == len(vocab.tokens)
-    assert sorted(vocab.word_ids) == sorted(ids[_spell(" " + w, table)] for w in COMMON_WORDS)
+    assert sorted(vocab.word_ids) == sorted(ids[spell(" " + w, table)] for w in COMMON_WORDS)
     assert vocab.eos_id not in vocab.word_ids
 
 
@@ -166,11 +166,39 @@ def test_llama_server_tokenizes_generates_and_exports_metrics(on_path, tiny_mode
             assert http.post("/v1/chat/completions", json=body).json()["usage"]["completion_tokens"] == 20
             snapshot = parse_exposition(http.get("/metrics").text)
             assert snapshot.engine == "llamacpp"
-            assert snapshot.values["generation_tokens"] >= 32
-            assert snapshot.values["prompt_tokens"] > 0
+            assert snapshot.values["generation_tokens"] == 12 + 20
+            # the second request reused the first one's prompt from the slot's cache
+            assert snapshot.values["prefix_cache_hits"] > 0
+            # "the", " world", then the template's "<|im_end|>", "\n", "<|im_start|>": 5 tokens a request
+            assert snapshot.values["prompt_tokens"] == snapshot.values["prefix_cache_queries"] == 2 * 5
             assert snapshot.values["running"] == 0
     finally:
         process.stop()
+
+
+LLAMACPP_METRICS = """\
+# TYPE llamacpp:prompt_tokens_total counter
+llamacpp:prompt_tokens_total 11
+# TYPE llamacpp:prompt_tokens_cached_total counter
+llamacpp:prompt_tokens_cached_total 9
+# TYPE llamacpp:tokens_predicted_total counter
+llamacpp:tokens_predicted_total 8
+# TYPE llamacpp:requests_processing gauge
+llamacpp:requests_processing 1
+# TYPE llamacpp:requests_deferred gauge
+llamacpp:requests_deferred 0
+"""
+
+
+def test_llamacpp_metrics_count_cached_prompt_tokens():
+    # as llama-server b11434 writes them: prompt_tokens_total leaves out cached tokens
+    values = parse_exposition(LLAMACPP_METRICS).values
+    assert values == {"running": 1.0, "waiting": 0.0, "prefix_cache_hits": 9.0, "prefix_cache_queries": 20.0,
+                      "prompt_tokens": 20.0, "generation_tokens": 8.0}
+    # older builds have no cached counter: no prefix-cache keys, prompt tokens as exported
+    older = parse_exposition(LLAMACPP_METRICS.replace("llamacpp:prompt_tokens_cached_total 9", "")).values
+    assert "prefix_cache_hits" not in older and "prefix_cache_queries" not in older
+    assert older["prompt_tokens"] == 11.0
 
 
 def _passed(result):
@@ -204,7 +232,7 @@ def test_plugin_end_to_end_with_slo_and_baseline(on_path, tiny_model, pytester):
     assert run["slo_passed"] is True
     assert run["fingerprint"]["engine"] == "llamacpp"
     assert run["fingerprint"]["engine_version"] == doc["server"]["version"]
-    assert run["cache_check"]["held"] is True  # cold: nothing reused from llama-server's slots
+    assert run["cache_check"]["held"] is True  # cold: (next to) nothing reused from the slots
     assert {v["name"] for v in run["verdicts"]} >= {"tpot_p50"}
     assert "REGRESSED" not in compared.stdout.str()
     telemetry = run["telemetry"]
@@ -214,7 +242,9 @@ def test_plugin_end_to_end_with_slo_and_baseline(on_path, tiny_model, pytester):
         deltas = trial["deltas"]
         # every token the trial generated, warm-up included, counted by the server itself
         assert deltas["generation_tokens"] == (MEASURED + WARMUP) * OUTPUT_TOKENS
-        # prompt tokens the server computed: llama.cpp leaves out those reused from a slot's cache,
-        # which in a cold run is at most a first word two salts happen to share
+        # every prompt token, computed or reused from a slot's cache (in a cold run at most a first
+        # word two salts happen to share)
         sent = (MEASURED + WARMUP) * 32
-        assert 0.9 * sent <= deltas["prompt_tokens"] <= sent
+        assert deltas["prompt_tokens"] == deltas["prefix_cache_queries"] == sent
+        assert 0 <= deltas["prefix_cache_hits"] <= 0.1 * sent
+    assert run["cache_check"]["source"] == "server metrics"

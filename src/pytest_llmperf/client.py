@@ -268,7 +268,9 @@ class StreamingClient:
         chat = encoded.request.api == "chat"
         for attempt in (0, 1):
             try:
-                conn = await pool.acquire()
+                # A retry gets a new connection: the idle ones are as old as the one that turned out
+                # closed (llama-server closes every connection after a streamed response).
+                conn = await (pool.acquire() if attempt == 0 else pool.acquire_new())
             except _Failure as exc:
                 record.sent_s = time.perf_counter() - self.origin_s
                 self._fail(record, exc.kind, exc.detail, exc.status_code)
@@ -552,8 +554,9 @@ class StreamingClient:
                 last_error = f"HTTP {response.status_code}: {_error_message(self._scrub(response.text))}"
                 continue
             tokens = _token_ids(self._decode_json(response, url))
-            # llama.cpp ignores unknown keys and answers an empty list: not a real answer.
-            if tokens is None or (not tokens and text):
+            # llama.cpp ignores unknown keys (its /tokenize takes no "messages") and answers an
+            # empty list: not a real answer, for text or for a chat (whose template adds tokens).
+            if tokens is None or not tokens:
                 last_error = f"no token ids in answer to {shape!r} request"
                 continue
             if text is not None:
@@ -866,6 +869,17 @@ class _Pool:
                     self.release(handed, reusable=True)
             raise
         return got if got is not None else await self._connect()
+
+    async def acquire_new(self) -> _Conn:
+        """A newly opened connection (dropping an idle one to stay under the limit)."""
+        if self.open >= self.max_connections and self.idle:
+            oldest = self.idle.pop(0)
+            oldest.close()
+            self._freed(oldest)
+        if self.open < self.max_connections:
+            self.open += 1
+            return await self._connect()
+        return await self.acquire()
 
     async def _connect(self) -> _Conn:
         """Open a connection for a slot already counted in ``open``."""

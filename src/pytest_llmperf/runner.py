@@ -181,7 +181,8 @@ class Runner:
             slo=slo,
             label=workload.label(),
             cache_check=verify_cache(workload.cache, [t.telemetry for t in results],
-                                     [r for t in results for r in t.records]),
+                                     [r for t in results for r in t.records],
+                                     template_tokens=max(0.0, token_model.overhead) if workload.api == "chat" else 0.0),
         )
 
     def _client(self, origin_s: float, workload: Workload | None = None,

@@ -46,7 +46,8 @@ class EngineMetrics:
 
     Only the first candidate present is used: vLLM exports deprecated and current names side by
     side (``gpu_cache_usage_perc`` and ``kv_cache_usage_perc`` carry the same value), so adding
-    them would double-count.
+    them would double-count. A candidate written ``a+b`` is the sum of the named samples and is
+    present only when all of them are (llama.cpp counts cached prompt tokens apart).
     """
 
     engine: str
@@ -106,7 +107,11 @@ ENGINES: tuple[EngineMetrics, ...] = (
             "waiting": ("llamacpp:requests_deferred",),
             # Dropped by newer llama-server builds; absent then, never guessed.
             "kv_usage": ("llamacpp:kv_cache_usage_ratio",),
-            "prompt_tokens": ("llamacpp:prompt_tokens",),
+            # prompt_tokens_total leaves out the tokens reused from a slot's cache, which newer
+            # builds count in prompt_tokens_cached_total; their sum is every prompt token.
+            "prefix_cache_hits": ("llamacpp:prompt_tokens_cached",),
+            "prefix_cache_queries": ("llamacpp:prompt_tokens+llamacpp:prompt_tokens_cached",),
+            "prompt_tokens": ("llamacpp:prompt_tokens+llamacpp:prompt_tokens_cached", "llamacpp:prompt_tokens"),
             "generation_tokens": ("llamacpp:tokens_predicted",),
         },
     ),
@@ -148,6 +153,10 @@ class Snapshot:
             engine=str(data.get("engine", "unknown")),
             raw_count=int(data.get("raw_count", 0)),
         )
+
+
+def _present(candidate: str, by_name: Mapping[str, list[float]]) -> bool:
+    return all(part in by_name for part in candidate.split("+"))
 
 
 def _base_name(sample_name: str) -> str:
@@ -204,7 +213,7 @@ def parse_exposition(text: str, *, time_s: float = 0.0, model: str | None = None
 
     best: tuple[int, EngineMetrics] | None = None
     for spec in ENGINES:
-        matched = sum(1 for names in spec.names.values() if any(n in by_name for n in names))
+        matched = sum(1 for names in spec.names.values() if any(_present(n, by_name) for n in names))
         if matched and (best is None or matched > best[0]):
             best = (matched, spec)
     if best is None:
@@ -214,7 +223,9 @@ def parse_exposition(text: str, *, time_s: float = 0.0, model: str | None = None
     values: dict[str, float] = {}
     for key, names in spec.names.items():
         for name in names:
-            found = [v for v in by_name.get(name, ()) if not math.isnan(v)]
+            if not _present(name, by_name):
+                continue
+            found = [v for part in name.split("+") for v in by_name[part] if not math.isnan(v)]
             if found:
                 total = math.fsum(found)
                 values[key] = total / len(found) if key in _MEAN_OVER_LABELS else total

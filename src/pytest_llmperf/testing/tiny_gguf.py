@@ -83,11 +83,12 @@ def bytes_to_unicode() -> dict[int, str]:
     return table
 
 
-def _spell(text: str, table: dict[int, str]) -> str:
+def spell(text: str, table: dict[int, str]) -> str:
+    """``text`` in the byte-level spelling of ``table`` (a leading space becomes "Ġ")."""
     return "".join(table[b] for b in text.encode("utf-8"))
 
 
-def _bpe(symbols: list[str], ranks: dict[tuple[str, str], int]) -> list[str]:
+def bpe(symbols: list[str], ranks: dict[tuple[str, str], int]) -> list[str]:
     """Plain BPE as llama.cpp applies it to one pre-tokenized word: merge the lowest-ranked
     adjacent pair (leftmost on ties) until no pair has a rank."""
     while len(symbols) > 1:
@@ -111,7 +112,7 @@ def _extend(spelled: str, ranks: dict[tuple[str, str], int]) -> bool:
     pieces left to right. Ranked last, they cannot change how any word accepted earlier is
     tokenized: each step of that word's tokenization already had a lower-ranked merge to apply.
     """
-    pieces = _bpe(list(spelled), ranks)
+    pieces = bpe(list(spelled), ranks)
     if len(pieces) == 1:
         return True
     added: list[tuple[str, str]] = []
@@ -122,7 +123,7 @@ def _extend(spelled: str, ranks: dict[tuple[str, str], int]) -> bool:
             ranks[pair] = len(ranks)
             added.append(pair)
         acc += piece
-    if len(_bpe(list(spelled), ranks)) == 1:
+    if len(bpe(list(spelled), ranks)) == 1:
         return True
     for pair in added:  # appended last, so removing them keeps ranks contiguous
         del ranks[pair]
@@ -148,12 +149,12 @@ def build_vocab(words: Iterable[str]) -> TinyVocab:
         raise TinyModelError("vocab_words: give at least one word")
 
     ranks: dict[tuple[str, str], int] = {}
-    spaced = [_spell(" " + w, table) for w in unique]
+    spaced = [spell(" " + w, table) for w in unique]
     for s, w in zip(spaced, unique):
         if not _extend(s, ranks):  # cannot happen: only "Ġ"-led merges exist at this point
             raise TinyModelError(f"vocab_words: {w!r} would not tokenize as one token")
     for w in unique:
-        _extend(_spell(w, table), ranks)
+        _extend(spell(w, table), ranks)
     merges = sorted(ranks, key=ranks.__getitem__)
 
     tokens: list[str] = list(CONTROL_TOKENS)
