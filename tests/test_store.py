@@ -450,3 +450,14 @@ def test_cli_delete(tmp_path, capsys, monkeypatch):
     assert "deleted 1 run(s)" in capsys.readouterr().out
     assert store.names() == ["feature/x"]
     assert baselines_main(["delete", "main", "--yes", "--store", str(tmp_path)]) == 2
+
+
+def test_saved_file_gets_the_umask_permissions_not_mkstemp_0600(tmp_path):
+    import os as _os
+
+    old = _os.umask(0o022)
+    try:
+        path = BaselineStore(tmp_path).save("main", {"tests": {}})
+    finally:
+        _os.umask(old)
+    assert (path.stat().st_mode & 0o777) == 0o644

@@ -212,6 +212,9 @@ class BaselineStore:
                 with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6, mtime=0) as gz:
                     gz.write(payload)
                 raw.flush()
+                # mkstemp creates 0600; a baseline is an ordinary file others (CI artifacts,
+                # teammates) read, so give it what the umask gives any new file.
+                os.fchmod(raw.fileno(), 0o666 & ~_current_umask())
                 os.fsync(raw.fileno())
             os.replace(tmp, final)
         except BaseException as exc:
@@ -442,6 +445,12 @@ def load_run(path: str | Path) -> SavedRun:
     if problems:
         raise BaselineCorrupt(f"{path}: corrupt baseline file: {'; '.join(problems)}")
     return SavedRun(name=name, run_id=stem, path=path, saved_at=saved_at, schema_version=version, run=doc["run"])
+
+
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _fsync_dir(directory: Path) -> None:
