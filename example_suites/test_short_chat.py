@@ -15,6 +15,6 @@ from pytest_llmperf import Workload, slo
 @pytest.mark.parametrize("cache", ["cold", "warm"])
 def test_short_chat(llmperf, cache):
     result = llmperf.run(
-        Workload(input_tokens=256, output_tokens=128, rate_rps=12, duration_s=5, warmup_s=1, cache=cache)
+        Workload(input_tokens=256, output_tokens=128, rate_rps=14, duration_s=5, warmup_s=1, cache=cache)
     )
     assert result.summary.completed >= 40 * len(result.trials)

@@ -165,7 +165,7 @@ def compare_entries(
         if len(b_vals) >= 2 and len(c_vals) >= 2 and None not in b_vals and None not in c_vals:
             comp = compare_trials(g.key, b_vals, c_vals, higher_is_better=g.higher_is_better,
                                   tolerance=tolerance, alpha=alpha, unit=g.unit)
-            comp = _tail_floor(comp, g, base_trials, cand_trials)
+            comp = _tail_floor(comp, g, baseline, candidate)
         else:
             series = "good" if g.metric is None else g.metric
             b_seq, b_win = _sequences({"trials": base_trials[:1]}, series)
@@ -195,23 +195,25 @@ def _invalid_reasons(entry: Mapping[str, Any], side: str) -> list[str]:
     return [f"{side}: {r}" for r in validity.get("reasons", [])] or [f"{side} marked invalid"]
 
 
-def _tail_floor(comp: Comparison, g: GatedStat, base: list, cand: list) -> Comparison:
-    """A percentile needs about MIN_TAIL_SAMPLES requests beyond it (pooled over a side's trials):
-    below that, each trial's "p99" is really its maximum, and it is reported, not gated."""
+def _tail_floor(comp: Comparison, g: GatedStat, baseline: Sequence[Mapping[str, Any]],
+                candidate: Mapping[str, Any]) -> Comparison:
+    """A percentile needs about MIN_TAIL_SAMPLES samples beyond it (pooled over a side's trials):
+    below that, each trial's "p99" is really its maximum, and it is reported, not gated. Sample
+    counts come from the pooled summaries (for ITL they count inter-token gaps, not requests)."""
     if not g.stat.startswith("p") or not comp.gated:
         return comp
     q = float(g.stat[1:]) / 100.0
-    sizes = []
-    for trials in (base, cand):
-        n = 0
-        for t in trials:
-            packed = t.get("samples", {}).get(g.metric)
-            n += int(np.isfinite(unpack_samples(packed)).sum()) if packed is not None else 0
-        sizes.append(n)
+
+    def count(entry: Mapping[str, Any]) -> int:
+        dist = (entry.get("summary") or {}).get(g.metric) or {}
+        return int(dist.get("count") or 0)
+
+    sizes = [sum(count(e) for e in baseline), count(candidate)]
     need = int(math.ceil(MIN_TAIL_SAMPLES / (1.0 - q)))
     if min(sizes) >= need:
         return comp
-    reason = (f"too few samples for {g.stat}: {min(sizes)} requests on the smaller side, {need} needed "
+    unit = "inter-token gaps" if g.metric == "itl_s" else "requests"
+    reason = (f"too few samples for {g.stat}: {min(sizes)} {unit} on the smaller side, {need} needed "
               f"for {MIN_TAIL_SAMPLES} beyond the percentile; reported, not gated")
     return dataclasses.replace(comp, verdict=Verdict.NOT_GATED, reason=reason)
 
