@@ -30,6 +30,7 @@ from .objectives import SLO
 from .runner import RunResult, TrialResult
 from .stats import DEFAULT_QUICK_RUN_CV, MIN_TAIL_SAMPLES, Comparison, Verdict, compare_sequences, compare_trials, decide, estimate_run_cv, holm
 from .store import pack_samples, unpack_samples
+from .workload import Workload
 
 SAMPLE_SERIES = ("ttft_s", "ttfvt_s", "tpot_s", "e2e_s", "good")
 GOODPUT_KEY = "goodput"
@@ -72,17 +73,19 @@ def trial_entry(trial: TrialResult, slo: SLO | None) -> dict[str, Any]:
     }
 
 
-def fingerprint_for(result: RunResult, server: Any, gpu: Mapping[str, Any] | None = None) -> Fingerprint:
-    """The run's fingerprint. A remote server's GPU is not this machine's: pass ``gpu`` then."""
+def fingerprint_for(workload: Workload, model: str, slo: SLO | None, server: Any) -> Fingerprint:
+    """The fingerprint of a run of ``workload`` on ``server`` (a ServerInfo). A remote server's GPUs
+    are not this machine's, so they are recorded as "remote" rather than read from NVML here."""
+    launched = getattr(server, "launched", True)
     return Fingerprint.for_run(
         engine=getattr(server, "preset", "unknown") or "unknown",
         engine_version=getattr(server, "version", None) or "unknown",
-        model=result.model,
-        sampling=dict(result.workload.sampling),
+        model=model,
+        sampling=dict(workload.sampling),
         sim_preset=getattr(server, "sim_preset", None),
-        workload=result.workload,
-        slo=result.slo.to_dict() if result.slo is not None else {},
-        gpu=gpu,
+        workload=workload,
+        slo=slo.to_dict() if slo is not None else {},
+        gpu=None if launched else {"gpu_name": "remote", "gpu_count": 0, "gpu_driver": "remote"},
     )
 
 

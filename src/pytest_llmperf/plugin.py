@@ -20,7 +20,7 @@ from .runner import RunError, RunResult, Runner
 from .server_manager import ServerConfig, ServerInfo, ServerManager, ServerUnavailable
 from .servers.process import ProcessReaper
 from .objectives import SLO, SLOError, check
-from .fingerprint import Fingerprint, FingerprintMismatch
+from .fingerprint import FingerprintMismatch
 from .gate import RunComparison, capacity_entry, compare_capacity, compare_entries, fingerprint_for, gated_stats, headline, run_entry, session_document, session_holm
 from .stats import DEFAULT_TRIALS
 from .store import BaselineMissing, BaselineStore, StoreError, validate_name
@@ -278,53 +278,32 @@ class LLMPerf:
         return result
 
     def _gate_capacity(self, key: str, result: Any, workload: Workload, server: ServerInfo) -> None:
-        session = self._session
-        gpu = None if server.launched else {"gpu_name": "remote", "gpu_count": 0, "gpu_driver": "remote"}
-        fingerprint = Fingerprint.for_run(
-            engine=server.preset or "unknown", engine_version=server.version or "unknown", model=server.model,
-            sampling=dict(workload.sampling), sim_preset=server.sim_preset, workload=workload,
-            slo=self.slo.to_dict() if self.slo is not None else {}, gpu=gpu)
+        fingerprint = fingerprint_for(workload, server.model, self.slo, server)
         entry = capacity_entry(result, fingerprint, f"capacity {workload.label()}")
-        session.entries[key] = entry
-        base = (session.baseline or {}).get(key) if session.options.baseline else None
-        if not session.options.baseline:
-            return
-        if not base:
-            session.missing_baseline.append(key)
-            self.notes.append(f"no baseline for {key} in {session.options.baseline!r}")
-            return
-        opts = session.options
-        tolerance = self.slo.tolerance if self.slo is not None and self.slo.tolerance is not None else opts.tolerance
-        try:
-            comparison = compare_capacity(key, base[0], entry, tolerance=tolerance, alpha=opts.alpha,
-                                          allow=opts.allowed_diffs)
-        except FingerprintMismatch as exc:
-            message = f"baseline {opts.baseline!r} not comparable: {exc}"
-            self.gate_errors.append(message)
-            session.gate_errors[key] = message
-            return
-        self.comparisons.append(comparison)
-        session.comparisons.append(comparison)
+        self._store_and_compare(key, entry, lambda base, **kw: compare_capacity(key, base[0], entry, **kw))
 
     def _gate(self, key: str, result: RunResult, server: ServerInfo) -> None:
+        self._session.slo_checks[key] = list(result.slo_checks)
+        entry = run_entry(result, fingerprint_for(result.workload, result.model, result.slo, server))
+        family = self._session.family_size
+        self._store_and_compare(
+            key, entry, lambda base, **kw: compare_entries(key, base, entry, family_size=family, **kw))
+
+    def _store_and_compare(self, key: str, entry: dict[str, Any], compare: Any) -> None:
+        """Keep the entry for the reports and a save; against a baseline, compare and record."""
         session = self._session
-        session.slo_checks[key] = list(result.slo_checks)
-        # A remote server's GPUs are not this machine's: do not fingerprint our own.
-        gpu = None if server.launched else {"gpu_name": "remote", "gpu_count": 0, "gpu_driver": "remote"}
-        entry = run_entry(result, fingerprint_for(result, server, gpu=gpu))
+        opts = session.options
         session.entries[key] = entry
-        if not session.options.baseline:
+        if not opts.baseline:
             return
         base = (session.baseline or {}).get(key)
         if not base:
             session.missing_baseline.append(key)
-            self.notes.append(f"no baseline for {key} in {session.options.baseline!r}")
+            self.notes.append(f"no baseline for {key} in {opts.baseline!r}")
             return
-        opts = session.options
         tolerance = self.slo.tolerance if self.slo is not None and self.slo.tolerance is not None else opts.tolerance
         try:
-            comparison = compare_entries(key, base, entry, tolerance=tolerance, alpha=opts.alpha,
-                                         allow=opts.allowed_diffs, family_size=session.family_size)
+            comparison = compare(base, tolerance=tolerance, alpha=opts.alpha, allow=opts.allowed_diffs)
         except FingerprintMismatch as exc:
             message = f"baseline {opts.baseline!r} not comparable: {exc}"
             self.gate_errors.append(message)
