@@ -29,6 +29,7 @@ from .metrics import per_request_samples
 from .objectives import SLO
 from .runner import RunResult, TrialResult
 from .stats import DEFAULT_QUICK_RUN_CV, MIN_TAIL_SAMPLES, Comparison, Verdict, compare_sequences, compare_trials, decide, estimate_run_cv, holm
+from .report.document import VERDICTS, headline_from_counts
 from .store import pack_samples, unpack_samples
 from .workload import Workload
 
@@ -253,19 +254,12 @@ def session_holm(runs: Sequence[RunComparison]) -> list[RunComparison]:
 
 
 def headline(runs: Sequence[RunComparison]) -> str:
-    counts: dict[str, int] = {}
+    """"2 regressions, 9 unchanged, 1 inconclusive": the same words the reports use."""
+    counts = {v: 0 for v in VERDICTS}
     for r in runs:
         for c in r.comparisons:
-            counts[c.verdict.value] = counts.get(c.verdict.value, 0) + 1
-    order = [(Verdict.REGRESSED, "regression"), (Verdict.IMPROVED, "improvement"), (Verdict.UNCHANGED, "unchanged"),
-             (Verdict.INCONCLUSIVE, "inconclusive"), (Verdict.NOT_GATED, "not gated")]
-    parts = []
-    for verdict, word in order:
-        n = counts.get(verdict.value, 0)
-        if n:
-            plural = word + ("s" if n > 1 and word in ("regression", "improvement") else "")
-            parts.append(f"{n} {plural}")
-    return ", ".join(parts) if parts else "nothing compared"
+            counts[c.verdict.value] += 1
+    return headline_from_counts(counts) if any(counts.values()) else "nothing compared"
 
 
 # ---------------------------------------------------------------------- capacity

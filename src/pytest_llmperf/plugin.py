@@ -70,7 +70,6 @@ class LLMPerfSession:
         )
         self.results: list[tuple[str, RunResult]] = []
         self.capacities: list[tuple[str, Any]] = []
-        self.perf_items = 0
         self.store = BaselineStore(options.store, keep=options.keep) if (options.save or options.baseline) else None
         # Baseline entries by run key (newest saved run first, then pooled history); None = no baseline.
         self.baseline: dict[str, list[dict[str, Any]]] | None = None
@@ -469,7 +468,6 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         raise pytest.UsageError("invalid slo marker:\n  " + "\n  ".join(errors))
     perf_session = config.stash.get(SESSION_KEY, None)
     if perf_session is not None:
-        perf_session.perf_items = perf
         if perf:
             _check_report_dir(perf_session)
             _prepare_baselines(perf_session, items)

@@ -10,22 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-# Error kinds a record can carry. "cancelled" is not a server fault: the request was still in
-# flight at the run's hard deadline. It still counts against goodput and attainment (a request
-# that never finished did not meet its SLO) but is reported apart from errors.
-ERROR_KINDS = (
-    "http_4xx",
-    "http_429",
-    "http_5xx",
-    "connect",
-    "timeout",
-    "disconnect",
-    "malformed",
-    "not_stream",
-    "cancelled",
-    "client",
-)
-
 PHASE_WARMUP = "warmup"
 PHASE_MEASURE = "measure"
 
@@ -62,6 +46,9 @@ class RequestRecord:
     # none and the client had to count chunks (marked so a reader knows the counts are estimates).
     token_source: str = "usage"
     ok: bool = False
+    # http_4xx, http_429, http_5xx, connect, timeout, disconnect, malformed, not_stream, client, or
+    # cancelled: still in flight at the run's hard deadline. A cancelled request is not a server
+    # fault and is reported apart from errors, but it still counts against goodput and attainment.
     error_kind: str | None = None
     error_detail: str | None = None
     status_code: int | None = None
