@@ -21,9 +21,9 @@ import httpx
 import numpy as np
 
 from pytest_llmperf import Workload
-from pytest_llmperf.client import StreamingClient
-from pytest_llmperf.loadgen import LoadGenerator, run_sync
-from pytest_llmperf.prompts import PromptFactory, estimated_model
+from pytest_llmperf.load.client import StreamingClient
+from pytest_llmperf.load.loadgen import LoadGenerator, run_sync
+from pytest_llmperf.load.prompts import PromptFactory, estimated_model
 from pytest_llmperf.servers.process import ServerProcess, free_port
 
 OUTPUT_TOKENS = 64

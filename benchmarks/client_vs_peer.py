@@ -62,9 +62,9 @@ json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "[UNK]", "
 def ours_child(args: argparse.Namespace) -> int:
     """One run of our load generator; prints a JSON line with the records' figures."""
     from pytest_llmperf import Workload
-    from pytest_llmperf.client import StreamingClient
-    from pytest_llmperf.loadgen import LoadGenerator, run_sync
-    from pytest_llmperf.prompts import PromptFactory, estimated_model
+    from pytest_llmperf.load.client import StreamingClient
+    from pytest_llmperf.load.loadgen import LoadGenerator, run_sync
+    from pytest_llmperf.load.prompts import PromptFactory, estimated_model
 
     if args.rate:
         w = Workload(input_tokens=64, output_tokens=args.osl, rate_rps=args.rate, arrival="constant",

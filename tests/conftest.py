@@ -4,6 +4,7 @@
 import httpcore  # noqa: F401
 import httpx  # noqa: F401
 
-import pytest_llmperf.cli  # noqa: F401
-import pytest_llmperf.plugin  # noqa: F401
+import pytest_llmperf.cli.main  # noqa: F401
+import pytest_llmperf.plugin.perf  # noqa: F401
+import pytest_llmperf.plugin.summary  # noqa: F401
 import pytest_llmperf.sim.server  # noqa: F401

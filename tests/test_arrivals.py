@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from pytest_llmperf.arrivals import arrival_times, gaps
+from pytest_llmperf.load.arrivals import arrival_times, gaps
 
 
 @pytest.mark.parametrize("process,shape,cv", [("poisson", 1.0, 1.0), ("gamma", 0.25, 2.0), ("gamma", 4.0, 0.5), ("constant", 1.0, 0.0)])
@@ -41,7 +41,7 @@ def test_pacer_never_releases_early_and_is_not_millisecond_quantised():
     import sys
     import time
 
-    from pytest_llmperf.arrivals import Pacer
+    from pytest_llmperf.load.arrivals import Pacer
 
     async def lateness(pacer):
         out = []

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from pytest_llmperf.cli import main
+from pytest_llmperf.cli.main import main
 from pytest_llmperf.sim.server import SimConfig, start_in_thread
 
 

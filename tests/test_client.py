@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from pytest_llmperf.client import ClientError, StreamingClient
+from pytest_llmperf.load.client import ClientError, StreamingClient
 from pytest_llmperf.records import PreparedRequest, RequestRecord
 
 API_KEY = "sk-test-SECRET-0123456789abcdef"

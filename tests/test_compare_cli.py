@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
-from pytest_llmperf.cli import main as cli_main
-from pytest_llmperf.compare_cli import compare_main
-from pytest_llmperf.store import BaselineStore
+from pytest_llmperf.cli.main import main as cli_main
+from pytest_llmperf.cli.compare import compare_main
+from pytest_llmperf.baseline.store import BaselineStore
 
 pytestmark = pytest.mark.integration
 

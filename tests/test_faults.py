@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from badservers import BadServer
-from pytest_llmperf.store import BaselineStore
+from pytest_llmperf.baseline.store import BaselineStore
 
 pytestmark = pytest.mark.integration
 
@@ -76,7 +76,7 @@ def assert_no_traceback(result: pytest.RunResult) -> None:
     assert "Traceback" not in text
     assert "INTERNALERROR" not in text
     # No frame of the library is shown: failures are messages, not stack dumps.
-    assert "src/pytest_llmperf/" not in text and "site-packages/pytest_llmperf/" not in text
+    assert "pytest_llmperf/" not in text and "site-packages/pytest_llmperf/" not in text
 
 
 def command_server(*flags: str) -> list[str]:
@@ -442,7 +442,7 @@ def test_many_concurrent_saves_with_pruning_never_corrupt(tmp_path):
     go = tmp_path / "go"
     script = textwrap.dedent(f"""
         import os, sys, time
-        from pytest_llmperf.store import BaselineStore
+        from pytest_llmperf.baseline.store import BaselineStore
         store = BaselineStore({str(tmp_path / 'store')!r}, keep=2)
         while not os.path.exists({str(go)!r}):
             time.sleep(0.005)
@@ -499,7 +499,7 @@ def _deny_writes(monkeypatch, *, probes_too: bool) -> None:
             raise PermissionError(13, "Permission denied", kwargs.get("dir"))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr("pytest_llmperf.store.tempfile.mkstemp", mkstemp)
+    monkeypatch.setattr("pytest_llmperf.baseline.store.tempfile.mkstemp", mkstemp)
 
 
 def test_read_only_store_fails_before_any_load(pytester, monkeypatch):

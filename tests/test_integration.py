@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from pytest_llmperf import Workload
-from pytest_llmperf.runner import Runner
+from pytest_llmperf.load.runner import Runner
 from pytest_llmperf.servers.process import ServerProcess, free_port
 
 pytestmark = pytest.mark.integration

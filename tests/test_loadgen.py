@@ -3,7 +3,7 @@ import time
 
 import pytest
 
-from pytest_llmperf.loadgen import LoadGenerator
+from pytest_llmperf.load.loadgen import LoadGenerator
 from pytest_llmperf.records import PreparedRequest
 from pytest_llmperf.workload import Workload
 

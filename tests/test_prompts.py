@@ -1,6 +1,6 @@
 import asyncio
 
-from pytest_llmperf.prompts import SALT_WORDS, PromptFactory, calibrate_with_tokenizer, fit_from_usage
+from pytest_llmperf.load.prompts import SALT_WORDS, PromptFactory, calibrate_with_tokenizer, fit_from_usage
 from pytest_llmperf.workload import Workload
 
 

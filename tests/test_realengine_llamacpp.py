@@ -14,7 +14,7 @@ import shutil
 import httpx
 import pytest
 
-from pytest_llmperf.prompts import COMMON_WORDS
+from pytest_llmperf.load.prompts import COMMON_WORDS
 from pytest_llmperf.servers.presets import build_launch
 from pytest_llmperf.servers.process import free_port
 from pytest_llmperf.telemetry.prometheus import parse_exposition

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pytest_llmperf import Workload
-from pytest_llmperf.gate import RunComparison
+from pytest_llmperf.baseline.compare import RunComparison
 from pytest_llmperf.metrics import Distribution, Summary, Validity
 from pytest_llmperf.objectives import SLO, check
 from pytest_llmperf.report import markdown as md
@@ -23,7 +23,7 @@ from pytest_llmperf.report.writers import (
     write_reports,
 )
 from pytest_llmperf.stats import Verdict, compare_trials
-from pytest_llmperf.store import pack_samples
+from pytest_llmperf.baseline.samples import pack_samples
 
 CHAT = "perf/test_serving.py::test_short_chat"
 SWEEP = "perf/test_serving.py::test_sweep"
@@ -70,7 +70,7 @@ def make_trials(rng, ttft_ms, tpot_ms, *, n=150, trials=3, failed=2):
 
 
 def pooled(trials, name):
-    from pytest_llmperf.store import unpack_samples
+    from pytest_llmperf.baseline.samples import unpack_samples
     return np.concatenate([unpack_samples(t["samples"][name]) for t in trials])
 
 

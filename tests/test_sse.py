@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from pytest_llmperf.sse import SSEEvent, SSEParser, SSEProtocolError
+from pytest_llmperf.load.sse import SSEEvent, SSEParser, SSEProtocolError
 
 STREAM = (
     b": ping\n\n"

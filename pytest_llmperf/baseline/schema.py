@@ -1,0 +1,163 @@
+"""The saved-run schema, as typed objects, and how a measured run becomes an entry of it.
+
+A saved session is ``{"plugin_version", "created_at", "tests": {key: entry}}`` where ``key`` is
+``<pytest node id>#<run index>`` (a test may run several workloads; capacity searches are
+``#capacity<n>``) and ``entry`` holds the run's fingerprint, workload, SLO, pooled summary and, per
+trial, the gated statistics plus compact per-request samples (for quick mode and plots). A
+capacity entry holds the search's result instead of trials.
+
+This one shape is what the store saves, what the gate compares and what the report document
+embeds; its JSON Schema is ``schemas/llmperf-report.schema.json``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any, Literal, Mapping, TypedDict
+
+import numpy as np
+
+from pytest_llmperf._version import __version__
+from pytest_llmperf.baseline.samples import PackedSamples, pack_samples
+from pytest_llmperf.fingerprint import Fingerprint
+from pytest_llmperf.metrics import per_request_samples
+from pytest_llmperf.objectives import SLO
+from pytest_llmperf.results import RunResult, TrialResult
+from pytest_llmperf.workload import Workload
+
+
+class TrialEntry(TypedDict, total=False):
+    """One trial: its gated statistics and compact per-request samples."""
+
+    index: int
+    started_at: str
+    window_s: float
+    stats: dict[str, float | None]
+    samples: dict[str, PackedSamples]
+
+
+class SavedEntry(TypedDict, total=False):
+    """One test run (``kind`` "run", the default) or capacity search (``kind`` "capacity")."""
+
+    kind: Literal["run", "capacity"]
+    label: str
+    model: str
+    workload: dict[str, Any]
+    slo: dict[str, Any] | None
+    fingerprint: dict[str, Any]
+    summary: dict[str, Any] | None
+    cache_check: dict[str, Any] | None
+    telemetry: list[Any]
+    trials: list[TrialEntry]
+    capacity: dict[str, Any]
+
+
+class SavedSession(TypedDict):
+    plugin_version: str
+    created_at: str
+    tests: dict[str, SavedEntry]
+
+
+def is_capacity(entry: Mapping[str, Any]) -> bool:
+    return entry.get("kind") == "capacity"
+
+
+def entry_slo(entry: Mapping[str, Any], *, source: str | None = None) -> SLO | None:
+    """The SLO an entry was measured under (raises SLOError on a malformed one)."""
+    raw = entry.get("slo")
+    return SLO.parse(raw, source=source) if raw else None
+
+
+SAMPLE_SERIES = ("ttft_s", "ttfvt_s", "tpot_s", "e2e_s", "good")
+GOODPUT_KEY = "goodput"
+
+
+@dataclass(frozen=True)
+class GatedStat:
+    key: str  # "ttft_p95" or "goodput"
+    metric: str | None  # Summary attribute ("ttft_s"); None for goodput
+    stat: str  # "p95", "mean"... or "rate" for goodput
+    higher_is_better: bool
+    unit: str
+
+
+def gated_stats(slo: SLO | None) -> list[GatedStat]:
+    out = []
+    if slo is not None and not slo.request_type:
+        for t in slo.latency:
+            out.append(GatedStat(t.key, f"{t.metric}_s", t.stat, False, "s"))
+    out.append(GatedStat(GOODPUT_KEY, None, "rate", True, "req/s"))
+    return out
+
+
+def trial_value(summary: Any, g: GatedStat) -> float | None:
+    if g.metric is None:
+        return float(summary.goodput_rps)
+    value = getattr(summary, g.metric).stat(g.stat)
+    return None if value is None else float(value)
+
+
+def trial_entry(trial: TrialResult, slo: SLO | None) -> TrialEntry:
+    samples = per_request_samples(trial.records, slo=slo)
+    start, end = trial.window_s
+    return {
+        "index": trial.index,
+        "started_at": trial.started_at,
+        "window_s": end - start,
+        "stats": {g.key: trial_value(trial.summary, g) for g in gated_stats(slo)},
+        "samples": {name: pack_samples(np.asarray(samples[name], dtype=float)) for name in SAMPLE_SERIES if name in samples},
+    }
+
+
+def fingerprint_for(workload: Workload, model: str, slo: SLO | None, server: Any,
+                    extra: Mapping[str, Any] | None = None) -> Fingerprint:
+    """The fingerprint of a run of ``workload`` on ``server`` (a ServerInfo). A remote server's GPUs
+    are not this machine's, so they are recorded as "remote" rather than read from NVML here."""
+    launched = getattr(server, "launched", True)
+    return Fingerprint.for_run(
+        engine=getattr(server, "preset", "unknown") or "unknown",
+        engine_version=getattr(server, "version", None) or "unknown",
+        model=model,
+        sampling=dict(workload.sampling),
+        sim_preset=getattr(server, "sim_preset", None),
+        workload=workload,
+        slo=slo.to_dict() if slo is not None else {},
+        gpu=None if launched else {"gpu_name": "remote", "gpu_count": 0, "gpu_driver": "remote"},
+        extra=extra or None,
+    )
+
+
+def run_entry(result: RunResult, fingerprint: Fingerprint) -> SavedEntry:
+    return {
+        "label": result.label,
+        "model": result.model,
+        "workload": result.workload.to_dict(),
+        "slo": result.slo.to_dict() if result.slo is not None else None,
+        "fingerprint": fingerprint.to_dict(),
+        "summary": result.summary.to_dict(),
+        "cache_check": result.cache_check.to_dict() if result.cache_check is not None else None,
+        "telemetry": [t.telemetry for t in result.trials],
+        "trials": [trial_entry(t, result.slo) for t in result.trials],
+    }
+
+
+def session_document(entries: Mapping[str, SavedEntry]) -> SavedSession:
+    return {
+        "plugin_version": __version__,
+        "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "tests": dict(entries),
+    }
+
+
+def capacity_entry(result: Any, fingerprint: Fingerprint, label: str, slo: SLO | None = None) -> SavedEntry:
+    """A capacity search as an entry: the bracket [capacity, first failing rate] it found, and the
+    test's SLO (whose tolerance the gate applies, as for the test's runs)."""
+    return {"kind": "capacity", "label": label, "fingerprint": fingerprint.to_dict(),
+            "slo": slo.to_dict() if slo is not None else None, "summary": None, "trials": [],
+            "capacity": result.to_dict()}
+
+
+__all__ = ["GOODPUT_KEY", "SAMPLE_SERIES", "GatedStat", "SavedEntry", "SavedSession", "TrialEntry", "capacity_entry",
+           "entry_slo", "fingerprint_for", "gated_stats", "is_capacity", "run_entry", "session_document",
+           "trial_entry", "trial_value"]

@@ -1,0 +1,484 @@
+"""A directory of saved runs (baselines): one gzip-JSON file per run, written atomically.
+
+Layout::
+
+    <root>/baselines/<name>/<YYYYmmddTHHMMSSffffffZ>-<8 hex>.json.gz
+
+``/`` in a name (branch names such as ``feature/x``) is stored as ``%2F`` so each name is one
+directory; ``%`` is not allowed in names, so the mapping is reversible. There is no index file:
+listing the directory is the index, so nothing can point at a file that is gone.
+
+Each file is ``{"schema_version", "kind", "name", "saved_at", "run"}``. A save writes a uniquely
+named hidden temporary file in the same directory, fsyncs it and ``os.replace``\\ s it into place,
+so readers never see half a file and concurrent savers never share a temporary name.
+
+Corrupt files are the user's data and are never deleted or overwritten by a session: reading
+one raises :class:`BaselineCorrupt` naming the file, pruning leaves it in place (and does not
+count it among the ``keep`` runs) with a warning, and only an explicit ``delete`` removes it.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import gzip
+import json
+import os
+import re
+import secrets
+import shutil
+import tempfile
+import time
+import warnings
+import zlib
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from pytest_llmperf.errors import LLMPerfError, LLMPerfWarning
+
+SCHEMA_VERSION = 1
+DOC_KIND = "pytest-llmperf.baseline"
+DEFAULT_ROOT = Path(".llmperf")
+SUFFIX = ".json.gz"
+SAVE_OPTION = "--llmperf-save"
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9._/-]+$")
+_RUN_ID_RE = re.compile(r"^\d{8}T\d{12}Z-[0-9a-f]{8}$")
+_STAMP_FORMAT = "%Y%m%dT%H%M%S%fZ"
+_MAX_DIRNAME = 200
+# A temporary file this old belongs to a save that crashed; younger ones may be in flight.
+_STALE_TMP_S = 3600.0
+
+
+class StoreError(LLMPerfError):
+    """The baseline store cannot do what was asked; the message names the file or directory."""
+
+
+class BaselineMissing(StoreError):
+    """No saved run under that name (or run id)."""
+
+
+class BaselineCorrupt(StoreError):
+    """A saved file that cannot be read back (truncated gzip, bad JSON, wrong shape)."""
+
+
+class BaselineTooNew(StoreError):
+    """A file written by a newer plugin with a schema this version does not understand."""
+
+
+class StoreWarning(LLMPerfWarning):
+    """Something in the store needs the user's attention but did not stop the operation."""
+
+
+@dataclass(frozen=True)
+class RunEntry:
+    """A saved run as listed from the directory, without reading the file."""
+
+    name: str
+    run_id: str
+    path: Path
+    saved_at: datetime
+
+
+@dataclass
+class SavedRun:
+    """A saved run read back from disk. ``run`` is the dict that was passed to ``save``."""
+
+    name: str
+    run_id: str
+    path: Path
+    saved_at: datetime
+    schema_version: int
+    run: dict[str, Any]
+
+    @property
+    def fingerprint(self) -> dict[str, Any] | None:
+        value = self.run.get("fingerprint")
+        return value if isinstance(value, dict) else None
+
+
+def validate_name(name: Any) -> str:
+    """Return ``name`` if it is a valid baseline name, else raise :class:`StoreError` saying why."""
+    if not isinstance(name, str) or not name:
+        raise StoreError(f"baseline name must be a non-empty string, got {name!r}")
+    if name.startswith("/") or re.match(r"^[A-Za-z]:", name):
+        raise StoreError(f"baseline name {name!r} must not be an absolute path")
+    if not _NAME_RE.match(name):
+        bad = sorted({c for c in name if not re.match(r"[A-Za-z0-9._/-]", c)})
+        raise StoreError(
+            f"baseline name {name!r} contains {''.join(bad)!r}; use letters, digits, '.', '_', '-' and '/'"
+        )
+    parts = name.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise StoreError(
+            f"baseline name {name!r}: each '/'-separated part must be non-empty and not '.' or '..'"
+        )
+    if len(_dirname(name)) > _MAX_DIRNAME:
+        raise StoreError(f"baseline name {name!r} is too long (at most about {_MAX_DIRNAME} characters)")
+    return name
+
+
+def _dirname(name: str) -> str:
+    return name.replace("/", "%2F")
+
+
+def _name_from_dirname(dirname: str) -> str:
+    return dirname.replace("%2F", "/")
+
+
+def _parse_run_id(run_id: str) -> datetime | None:
+    if not _RUN_ID_RE.match(run_id):
+        return None
+    try:
+        return datetime.strptime(run_id.split("-")[0], _STAMP_FORMAT).replace(tzinfo=timezone.utc)
+    except ValueError:
+        return None
+
+
+class BaselineStore:
+    """Saved runs under ``root`` (default ``.llmperf/``), keeping the newest ``keep`` per name
+    (``keep=None`` keeps all)."""
+
+    def __init__(self, root: str | Path = DEFAULT_ROOT, keep: int | None = 10):
+        if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
+            raise StoreError(f"keep must be a positive integer or None, got {keep!r}")
+        self.root = Path(root)
+        self.keep = keep
+
+    @property
+    def baselines_dir(self) -> Path:
+        return self.root / "baselines"
+
+    def _name_dir(self, name: str) -> Path:
+        return self.baselines_dir / _dirname(validate_name(name))
+
+    # ------------------------------------------------------------------ writing
+
+    def check_writable(self) -> None:
+        """Raise :class:`StoreError` now (before any load is generated) if saving would fail."""
+        target = self.baselines_dir
+        try:
+            target.mkdir(parents=True, exist_ok=True)
+            fd, probe = tempfile.mkstemp(prefix=".probe-", suffix=".tmp", dir=target)
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as exc:
+            raise StoreError(
+                f"baseline store {self.root} is not writable ({exc.strerror or exc}: {exc.filename or target}); "
+                "choose a writable directory"
+            ) from None
+
+    def save(self, name: str, run: Mapping[str, Any]) -> Path:
+        """Write ``run`` as the newest saved run of ``name``; return the file's path."""
+        validate_name(name)
+        if not isinstance(run, Mapping):
+            raise StoreError(f"cannot save baseline {name!r}: run must be a dict, got {type(run).__name__}")
+        directory = self._name_dir(name)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(
+                f"cannot create baseline directory {directory}: {exc.strerror or exc}; "
+                "choose a writable directory"
+            ) from None
+        now = datetime.now(timezone.utc)
+        run_id = f"{now.strftime(_STAMP_FORMAT)}-{secrets.token_hex(4)}"
+        final = directory / f"{run_id}{SUFFIX}"
+        doc = {
+            "schema_version": SCHEMA_VERSION,
+            "kind": DOC_KIND,
+            "name": name,
+            "saved_at": now.isoformat(),
+            "run": dict(run),
+        }
+        try:
+            payload = json.dumps(doc, default=_json_default, separators=(",", ":")).encode()
+        except (TypeError, ValueError) as exc:
+            raise StoreError(f"cannot save baseline {name!r}: run is not JSON-serializable: {exc}") from None
+        # mkstemp gives a name no other process can get, opened exclusively; the leading dot
+        # hides it from listings until the rename.
+        try:
+            fd, tmp_name = tempfile.mkstemp(prefix=f".{run_id}.", suffix=".tmp", dir=directory)
+        except OSError as exc:  # e.g. the directory turned read-only since check_writable()
+            raise StoreError(
+                f"cannot write baseline in {directory}: {exc.strerror or exc}; "
+                "choose a writable directory"
+            ) from None
+        tmp = Path(tmp_name)
+        try:
+            with os.fdopen(fd, "wb") as raw:
+                with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6, mtime=0) as gz:
+                    gz.write(payload)
+                raw.flush()
+                # mkstemp creates 0600; a baseline is an ordinary file others (CI artifacts,
+                # teammates) read, so give it what the umask gives any new file.
+                os.fchmod(raw.fileno(), 0o666 & ~_current_umask())
+                os.fsync(raw.fileno())
+            os.replace(tmp, final)
+        except BaseException as exc:
+            try:
+                tmp.unlink()
+            except OSError:
+                pass
+            if isinstance(exc, OSError):
+                raise StoreError(f"cannot write baseline {final}: {exc.strerror or exc}") from exc
+            raise
+        _fsync_dir(directory)
+        self._prune(name, protect=final)
+        return final
+
+    def _prune(self, name: str, protect: Path) -> None:
+        if self.keep is None:
+            return
+        # The file just written always survives and counts first, whatever its timestamp says
+        # (another machine's clock may run ahead).
+        kept = 1
+        for entry in self.runs(name):  # newest first
+            if entry.path == protect:
+                continue
+            try:
+                self.load(entry.path)
+            except FileNotFoundError:
+                continue  # a concurrent save pruned it first
+            except (BaselineCorrupt, BaselineTooNew) as exc:
+                warnings.warn(
+                    f"{exc} (left in place; remove it with: llmperf baselines delete {name} --run {entry.run_id})",
+                    StoreWarning,
+                    stacklevel=3,
+                )
+                continue
+            if kept < self.keep:
+                kept += 1
+                continue
+            try:
+                entry.path.unlink()
+            except FileNotFoundError:
+                pass
+        self._remove_stale_temps(self._name_dir(name))
+
+    @staticmethod
+    def _remove_stale_temps(directory: Path) -> None:
+        cutoff = time.time() - _STALE_TMP_S
+        for tmp in directory.glob(".*.tmp"):
+            try:
+                if tmp.stat().st_mtime < cutoff:
+                    tmp.unlink()
+            except OSError:
+                pass
+
+    def delete(self, name: str, run_id: str | None = None) -> int:
+        """Delete one run (``run_id``) or every run of ``name``; return how many files went."""
+        directory = self._name_dir(name)
+        if run_id is None:
+            entries = self.runs(name)
+            if not entries:
+                raise self._missing(name)
+            shutil.rmtree(directory)
+            return len(entries)
+        path = directory / f"{run_id}{SUFFIX}"
+        if not isinstance(run_id, str) or not _RUN_ID_RE.match(run_id) or not path.is_file():
+            known = ", ".join(e.run_id for e in self.runs(name)[:5]) or "none"
+            raise BaselineMissing(f"baseline {name!r} has no run {run_id!r} in {directory} (newest: {known})")
+        path.unlink()
+        if not self.runs(name):
+            shutil.rmtree(directory, ignore_errors=True)
+        return 1
+
+    # ------------------------------------------------------------------ reading
+
+    def names(self) -> list[str]:
+        """Names that have at least one saved file, sorted."""
+        if not self.baselines_dir.is_dir():
+            return []
+        out = []
+        for child in self.baselines_dir.iterdir():
+            if not child.is_dir():
+                continue
+            name = _name_from_dirname(child.name)
+            try:
+                validate_name(name)
+            except StoreError:
+                continue
+            if self.runs(name):
+                out.append(name)
+        return sorted(out)
+
+    def runs(self, name: str) -> list[RunEntry]:
+        """The saved files of ``name``, newest first, listed without reading them."""
+        directory = self._name_dir(name)
+        if not directory.is_dir():
+            return []
+        entries = []
+        for path in directory.glob(f"*{SUFFIX}"):
+            run_id = path.name[: -len(SUFFIX)]
+            saved_at = _parse_run_id(run_id)
+            if saved_at is not None:
+                entries.append(RunEntry(name, run_id, path, saved_at))
+        # The id starts with the UTC timestamp, so name order is time order.
+        return sorted(entries, key=lambda e: e.run_id, reverse=True)
+
+    def latest(self, name: str) -> SavedRun:
+        """The newest saved run. A corrupt newest file raises rather than silently falling back
+        to an older baseline."""
+        # A concurrent save (keep=1) or delete can remove the listed newest file before it is
+        # read: list again rather than fail on a file that is legitimately gone.
+        for _ in range(3):
+            entries = self.runs(name)
+            if not entries:
+                raise self._missing(name)
+            try:
+                return self.load(entries[0].path)
+            except FileNotFoundError:
+                continue
+        raise BaselineMissing(
+            f"baseline {name!r}: the newest file in {self._name_dir(name)} kept disappearing while being read "
+            "(another process is saving or deleting); try again"
+        )
+
+    def get(self, name: str, run_id: str) -> SavedRun:
+        """One saved run by id."""
+        for entry in self.runs(name):
+            if entry.run_id == run_id:
+                try:
+                    return self.load(entry.path)
+                except FileNotFoundError:
+                    break  # deleted or pruned since the listing: it is missing now
+        known = ", ".join(e.run_id for e in self.runs(name)[:5]) or "none"
+        raise BaselineMissing(f"baseline {name!r} has no run {run_id!r} (newest: {known})")
+
+    def history(
+        self,
+        name: str,
+        limit: int | None = None,
+        fingerprint_match: Callable[[dict[str, Any] | None], bool] | None = None,
+        skip_corrupt: bool = False,
+    ) -> list[SavedRun]:
+        """Saved runs of ``name``, newest first, at most ``limit`` of them.
+
+        ``fingerprint_match`` receives each run's ``run["fingerprint"]`` (None when absent) and
+        keeps the run when it returns true (see :func:`pytest_llmperf.fingerprint.matcher`).
+        A corrupt file raises unless ``skip_corrupt``, which skips it with a :class:`StoreWarning`.
+        """
+        entries = self.runs(name)
+        if not entries:
+            raise self._missing(name)
+        out: list[SavedRun] = []
+        for entry in entries:
+            if limit is not None and len(out) >= limit:
+                break
+            try:
+                saved = self.load(entry.path)
+            except FileNotFoundError:
+                continue  # pruned by a concurrent save between listing and reading
+            except (BaselineCorrupt, BaselineTooNew) as exc:
+                if not skip_corrupt:
+                    raise
+                warnings.warn(f"skipping {exc}", StoreWarning, stacklevel=2)
+                continue
+            if fingerprint_match is None or fingerprint_match(saved.fingerprint):
+                out.append(saved)
+        return out
+
+    def load(self, path: str | Path) -> SavedRun:
+        """Read a saved run, or any result file (gzip or plain JSON) the user points at."""
+        return load_run(path)
+
+    def _missing(self, name: str) -> BaselineMissing:
+        return BaselineMissing(
+            f"no baseline named {name!r} in {self.baselines_dir}; "
+            f"create one by running with {SAVE_OPTION} {name}"
+        )
+
+
+def load_run(path: str | Path) -> SavedRun:
+    """Read one file. A store document is checked strictly; a plain JSON object without the
+    store's wrapper (e.g. a result file) is taken whole as the run.
+
+    Raises ``FileNotFoundError`` when the file is gone (callers racing a prune tolerate that),
+    :class:`BaselineCorrupt` / :class:`BaselineTooNew` naming the file otherwise.
+    """
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot read baseline file: {exc.strerror or exc}") from None
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (EOFError, OSError, zlib.error) as exc:
+            raise BaselineCorrupt(f"{path}: corrupt baseline file: gzip data is truncated or damaged ({exc})") from None
+    try:
+        doc = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BaselineCorrupt(f"{path}: corrupt baseline file: not valid JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise BaselineCorrupt(f"{path}: corrupt baseline file: expected a JSON object, got {type(doc).__name__}")
+    mtime = datetime.fromtimestamp(path.stat().st_mtime, tz=timezone.utc)
+    stem = path.name[: -len(SUFFIX)] if path.name.endswith(SUFFIX) else path.stem
+    if not ("run" in doc and "schema_version" in doc):
+        # Not a store document (e.g. a JSON report): its own schema_version, if any, is not ours.
+        return SavedRun(name=stem, run_id=stem, path=path, saved_at=mtime, schema_version=0, run=doc)
+    version = doc["schema_version"]
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise BaselineCorrupt(f"{path}: corrupt baseline file: schema_version must be a positive integer, got {version!r}")
+    if version > SCHEMA_VERSION:
+        raise BaselineTooNew(
+            f"{path}: baseline schema version {version} is newer than this pytest-llmperf supports "
+            f"(up to {SCHEMA_VERSION}); upgrade pytest-llmperf to read it"
+        )
+    problems = []
+    if not isinstance(doc["run"], dict):
+        problems.append(f"'run' must be an object, got {type(doc['run']).__name__}")
+    name = doc.get("name", path.parent.name)
+    if not isinstance(name, str):
+        problems.append(f"'name' must be a string, got {name!r}")
+    saved_at = mtime
+    if "saved_at" in doc:
+        try:
+            saved_at = datetime.fromisoformat(doc["saved_at"])
+        except (TypeError, ValueError):
+            problems.append(f"'saved_at' must be an ISO timestamp, got {doc['saved_at']!r}")
+    if problems:
+        raise BaselineCorrupt(f"{path}: corrupt baseline file: {'; '.join(problems)}")
+    return SavedRun(name=name, run_id=stem, path=path, saved_at=saved_at, schema_version=version, run=doc["run"])
+
+
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _fsync_dir(directory: Path) -> None:
+    # Makes the rename itself durable on POSIX; directories cannot be opened this way on Windows.
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        to_dict = getattr(value, "to_dict", None)
+        return to_dict() if callable(to_dict) else dataclasses.asdict(value)
+    raise TypeError(f"object of type {type(value).__name__} is not JSON serializable")

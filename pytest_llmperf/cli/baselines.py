@@ -1,0 +1,175 @@
+"""``llmperf baselines list|show|delete``: manage the baseline store from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from pytest_llmperf.baseline.samples import is_packed, unpack_samples
+from pytest_llmperf.baseline.store import DEFAULT_ROOT, SAVE_OPTION, BaselineStore, SavedRun, StoreError
+
+# ---------------------------------------------------------------------- `llmperf baselines`
+
+
+def baselines_main(argv: list[str]) -> int:
+    """``llmperf baselines list|show|delete [--store DIR]``. Returns the exit code: 0 on
+    success, 2 (with a one-line message on stderr) on a usage error, a missing name or a
+    corrupt file."""
+    import argparse
+    import sys
+
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--store", default=None, metavar="DIR",
+                        help=f"baseline store directory (default: {DEFAULT_ROOT})")
+    parser = argparse.ArgumentParser(prog="llmperf baselines", description="Inspect and manage saved baselines.")
+    # Accepted before the subcommand too; a separate dest because a subparser's default would
+    # otherwise overwrite the value given there.
+    parser.add_argument("--store", dest="store_before", default=None, metavar="DIR", help=argparse.SUPPRESS)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{list,show,delete}")
+    sub.add_parser("list", parents=[common], help="names with run counts, latest time and fingerprint")
+    show = sub.add_parser("show", parents=[common], help="summary of a saved run (newest by default)")
+    show.add_argument("name")
+    show.add_argument("--run", metavar="ID", help="a run id from 'list'/'show' (default: newest)")
+    show.add_argument("--json", action="store_true", help="print the stored document as JSON")
+    delete = sub.add_parser("delete", parents=[common], help="delete one run or every run of a name")
+    delete.add_argument("name")
+    delete.add_argument("--run", metavar="ID", help="delete only this run")
+    delete.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse already printed the usage message
+        return int(exc.code or 0)
+
+    args.store = args.store or args.store_before or str(DEFAULT_ROOT)
+    store = BaselineStore(Path(args.store), keep=None)
+    try:
+        if args.command == "list":
+            print(_format_list(store))
+        elif args.command == "show":
+            saved = store.get(args.name, args.run) if args.run else store.latest(args.name)
+            if args.json:
+                doc = {"schema_version": saved.schema_version, "name": saved.name, "run_id": saved.run_id,
+                       "saved_at": saved.saved_at.isoformat(), "path": str(saved.path), "run": saved.run}
+                print(json.dumps(doc, indent=2, default=str))
+            else:
+                print(_format_show(saved))
+        else:
+            count = len(store.runs(args.name)) if args.run is None else 1
+            if args.run is None and count == 0:
+                raise store._missing(args.name)
+            what = f"run {args.run} of {args.name!r}" if args.run else f"all {count} run(s) of {args.name!r}"
+            if not args.yes:
+                if not sys.stdin.isatty():
+                    raise StoreError(f"refusing to delete {what} without --yes (stdin is not a terminal)")
+                if input(f"Delete {what}? [y/N] ").strip().lower() not in ("y", "yes"):
+                    print("nothing deleted")
+                    return 1
+            deleted = store.delete(args.name, args.run)
+            print(f"deleted {deleted} run(s) of {args.name!r}")
+    except StoreError as exc:
+        print(f"llmperf baselines: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"llmperf baselines: error: {exc.filename or args.store}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _format_list(store: BaselineStore) -> str:
+    names = store.names()
+    if not names:
+        return f"no baselines in {store.baselines_dir} (save one with {SAVE_OPTION} NAME)"
+    rows = [("NAME", "RUNS", "LATEST (UTC)", "FINGERPRINT")]
+    for name in names:
+        entries = store.runs(name)
+        try:
+            summary = _fingerprint_summary(store.load(entries[0].path).fingerprint)
+        except FileNotFoundError:
+            summary = "(deleted while listing)"
+        except StoreError:
+            summary = f"(unreadable: {entries[0].path.name})"
+        rows.append((name, str(len(entries)), entries[0].saved_at.strftime("%Y-%m-%d %H:%M:%S"), summary))
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    return "\n".join(
+        "  ".join(cell.ljust(widths[i]) if i < 3 else cell for i, cell in enumerate(row)).rstrip() for row in rows
+    )
+
+
+def _fingerprint_summary(fp: Mapping[str, Any] | None) -> str:
+    if not fp:
+        return "-"
+    engine = " ".join(str(fp[k]) for k in ("engine", "engine_version") if fp.get(k) not in (None, "", "unknown"))
+    if fp.get("sim_preset"):
+        engine += f" ({fp['sim_preset']})"
+    gpu_name = fp.get("gpu_name")
+    gpu = f"{fp.get('gpu_count', '?')}x {gpu_name}" if gpu_name not in (None, "", "none") else "no gpu"
+    return " | ".join(p for p in (engine or "?", str(fp.get("model", "?")), gpu) if p)
+
+
+def _format_show(saved: SavedRun) -> str:
+    lines = [
+        f"baseline   {saved.name}",
+        f"run        {saved.run_id}",
+        f"saved at   {saved.saved_at.isoformat()}",
+        f"file       {saved.path}",
+        f"schema     {saved.schema_version}",
+    ]
+    if saved.fingerprint is not None:
+        lines.append(f"env        {_fingerprint_summary(saved.fingerprint)}")
+    lines.append("")
+    lines.extend(_render(saved.run, 0))
+    return "\n".join(lines)
+
+
+def _render(value: Any, indent: int, depth: int = 0) -> list[str]:
+    """A readable outline of an arbitrary run dict: the run's shape belongs to other modules
+    and grows over time, so this prints whatever is there, summarizing bulky parts."""
+    pad = "  " * indent
+    lines: list[str] = []
+    if isinstance(value, Mapping):
+        items = list(value.items())
+    else:
+        items = list(enumerate(value))
+    for key, item in items:
+        label = f"{pad}{key}:" if isinstance(value, Mapping) else f"{pad}- [{key}]"
+        if _is_scalar(item) or is_packed(item) or depth >= 4:
+            lines.append(f"{label} {_short(item)}")
+        elif isinstance(item, list) and (len(item) > 20 or all(_is_scalar(v) for v in item)):
+            lines.append(f"{label} {_short(item)}")
+        elif isinstance(item, (Mapping, list)):
+            lines.append(label)
+            lines.extend(_render(item, indent + 1, depth + 1))
+        else:
+            lines.append(f"{label} {_short(item)}")
+    return lines
+
+
+def _is_scalar(value: Any) -> bool:
+    return value is None or isinstance(value, (str, int, float, bool))
+
+
+def _short(value: Any) -> str:
+    if is_packed(value):
+        try:
+            arr = unpack_samples(value)
+        except ValueError as exc:
+            return f"<unreadable samples: {exc}>"
+        finite = arr[np.isfinite(arr)]
+        median = f", median {np.median(finite):.6g}" if finite.size else ""
+        return f"<{arr.size} samples{median}>"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, list):
+        if len(value) <= 8 and all(_is_scalar(v) for v in value):
+            return "[" + ", ".join(_short(v) for v in value) + "]"
+        return f"[{len(value)} items]"
+    if isinstance(value, Mapping):
+        return f"{{{len(value)} keys}}"
+    text = str(value)
+    return text if len(text) <= 120 else text[:117] + "..."

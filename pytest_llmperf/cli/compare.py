@@ -1,0 +1,426 @@
+"""``llmperf compare BASELINE CANDIDATE``: the merge gate's decision, offline, from two saved runs.
+
+Each side is a baseline name in the store (its newest run) or a file: a ``.json.gz`` from the
+store, a plain ``.json`` with the same ``{"tests": {key: entry}}`` shape, or an ``llmperf.json``
+report (whose trials keep their statistics, so trials-mode comparisons still work).
+
+The decision is the plugin's: both run the one :class:`~pytest_llmperf.baseline.gate.GateSession`
+(family, tolerance, run and capacity entries, Bonferroni then Holm), so running this on the files
+a CI job saved reproduces the verdicts and exit code of that job.
+
+Exit codes: 0 nothing failed, 1 a REGRESSED verdict (with ``--strict`` also INCONCLUSIVE and runs
+with no baseline counterpart), 2 a usage or data error (one line on stderr, no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from pytest_llmperf.errors import InputError
+from pytest_llmperf.fingerprint import FingerprintError, FingerprintMismatch, valid_fields
+from pytest_llmperf.baseline.compare import RunComparison, headline
+from pytest_llmperf.baseline.gate import GateSession, GateSettings, node_of
+from pytest_llmperf.baseline.schema import SavedEntry
+from pytest_llmperf.objectives import SLO, SLOError
+from pytest_llmperf.formatting import fmt_s, table
+from pytest_llmperf.stats import DEFAULT_ALPHA, DEFAULT_TOLERANCE, Comparison, Verdict
+from pytest_llmperf.baseline.store import DEFAULT_ROOT, BaselineStore, StoreError, load_run
+
+PROG = "llmperf compare"
+ALLOW_FLAG = "--allow-diff"
+_FILE_SUFFIXES = (".json", ".json.gz", ".gz")
+
+
+class CompareError(InputError):
+    """A usage or data error: the message names the file, name or option; exit code 2."""
+
+
+@dataclass(frozen=True)
+class RunSource:
+    """One side of a comparison: where it came from and its run entries by key."""
+
+    spec: str  # what the user typed
+    path: Path
+    entries: dict[str, SavedEntry]
+    name: str | None = None  # the baseline name when read from the store
+    # Older saved runs of the same name pooled behind the newest (--pool), by key: as the plugin's
+    # --llmperf-pool, only entries measured on the same setup as the newest one.
+    history: dict[str, list[SavedEntry]] = field(default_factory=dict)
+
+    def baseline_entries(self, key: str) -> list[SavedEntry]:
+        """The entries to compare a candidate with: the newest first, then pooled history."""
+        return [self.entries[key], *self.history.get(key, [])]
+
+    @property
+    def title(self) -> str:
+        return f"{self.name} ({self.path})" if self.name else str(self.path)
+
+
+@dataclass
+class CompareResult:
+    """Verdicts for the keys both sides share, and the keys only one side has."""
+
+    runs: list[RunComparison]
+    only_baseline: list[str] = field(default_factory=list)
+    only_candidate: list[str] = field(default_factory=list)
+    strict: bool = False
+
+    def failures(self) -> list[tuple[RunComparison, Comparison]]:
+        return [(r, c) for r in self.runs for c in r.regressions(self.strict)]
+
+    @property
+    def failed(self) -> bool:
+        # Strict mode treats an ungated run like an inconclusive one: the gate could not vouch for it.
+        return bool(self.failures()) or (self.strict and bool(self.only_candidate))
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.failed else 0
+
+    def headline(self) -> str:
+        return headline(self.runs)
+
+
+# ---------------------------------------------------------------------- loading
+
+
+def load_side(spec: str, store: BaselineStore, pool: int = 1) -> RunSource:
+    """Read a side given as a file path or as a baseline name (its newest saved run, plus up to
+    ``pool - 1`` older ones as history)."""
+    path = Path(spec)
+    if path.is_file() or spec.endswith(_FILE_SUFFIXES):
+        if not path.is_file():
+            raise CompareError(f"{spec}: no such file (give a saved run file or a baseline name in {store.baselines_dir})")
+        try:
+            saved = load_run(path)
+        except FileNotFoundError:
+            raise CompareError(f"{spec}: no such file") from None
+        return RunSource(spec, path, entries_from_document(saved.run, path))
+    if path.is_dir():
+        raise CompareError(f"{spec}: is a directory; give a baseline name or a saved run file (.json.gz or .json)")
+    # Store errors (missing name, corrupt newest file, bad name) carry their own clear message.
+    runs = store.history(spec, limit=pool) if pool > 1 else [store.latest(spec)]
+    newest = runs[0]
+    entries = entries_from_document(newest.run, newest.path)
+    history: dict[str, list[dict[str, Any]]] = {}
+    for older in runs[1:]:
+        for key, entry in entries_from_document(older.run, older.path).items():
+            if key in entries and entry.get("fingerprint") == entries[key].get("fingerprint"):
+                history.setdefault(key, []).append(entry)
+    return RunSource(spec, newest.path, entries, name=spec, history=history)
+
+
+def entries_from_document(doc: Any, path: Path) -> dict[str, dict[str, Any]]:
+    """Run entries by key from a saved session (``tests`` maps keys to entries) or from an
+    ``llmperf.json`` report (``tests`` lists tests, each with its ``runs``)."""
+    if not isinstance(doc, Mapping) or "tests" not in doc:
+        raise CompareError(f"{path}: not a saved llmperf run: expected a JSON object with a 'tests' key")
+    tests = doc["tests"]
+    if isinstance(tests, Mapping):
+        entries = {str(k): v for k, v in tests.items()}
+    elif isinstance(tests, list):
+        entries = _entries_from_report(tests, path)
+    else:
+        raise CompareError(f"{path}: 'tests' must be an object (saved run) or a list (report), got {type(tests).__name__}")
+    for key, entry in entries.items():
+        if not isinstance(entry, Mapping):
+            raise CompareError(f"{path}: test run {key!r} must be an object, got {type(entry).__name__}")
+        if not isinstance(entry.get("fingerprint"), Mapping):
+            raise CompareError(f"{path}: test run {key!r} has no 'fingerprint' object")
+        if not isinstance(entry.get("trials"), list):
+            raise CompareError(f"{path}: test run {key!r} has no 'trials' list")
+    return entries
+
+
+def _entries_from_report(tests: list[Any], path: Path) -> dict[str, dict[str, Any]]:
+    entries: dict[str, dict[str, Any]] = {}
+    for i, test in enumerate(tests):
+        runs = test.get("runs") if isinstance(test, Mapping) else None
+        if not isinstance(runs, list):
+            raise CompareError(f"{path}: tests[{i}] has no 'runs' list")
+        for j, run in enumerate(runs):
+            if not isinstance(run, Mapping) or not isinstance(run.get("key"), str):
+                raise CompareError(f"{path}: tests[{i}].runs[{j}] has no 'key'")
+            entries[run["key"]] = {k: run.get(k) for k in ("label", "workload", "slo", "fingerprint", "summary", "trials")}
+    return entries
+
+
+# ---------------------------------------------------------------------- comparing
+
+
+def compare_runs(
+    baseline: RunSource,
+    candidate: RunSource,
+    *,
+    tolerance: float = DEFAULT_TOLERANCE,
+    alpha: float = DEFAULT_ALPHA,
+    allow: Sequence[str] = (),
+    strict: bool = False,
+) -> CompareResult:
+    """Judge every candidate run against the baseline with the plugin's gate session.
+
+    Raises :class:`CompareError` on a fingerprint mismatch not covered by ``allow``, on
+    malformed entries, or when the two sides share no key.
+    """
+    common = [k for k in candidate.entries if k in baseline.entries]
+    only_base = sorted(k for k in baseline.entries if k not in candidate.entries)
+    only_cand = sorted(k for k in candidate.entries if k not in baseline.entries)
+    if not common:
+        raise CompareError(
+            f"nothing to compare: no test run is in both {baseline.title} ({len(baseline.entries)} runs) "
+            f"and {candidate.title} ({len(candidate.entries)} runs)"
+        )
+    gate = GateSession({k: baseline.baseline_entries(k) for k in baseline.entries},
+                       GateSettings(tolerance=tolerance, alpha=alpha, allow=tuple(allow), strict=strict))
+    tests = {node_of(k) for k in candidate.entries}
+    try:
+        gate.plan(lambda nodeid: nodeid in tests)
+    except SLOError as exc:
+        raise CompareError(f"{baseline.path}: {exc}") from None
+    for key in common:
+        try:
+            gate.judge(key, candidate.entries[key])
+        except FingerprintMismatch as exc:
+            raise CompareError(f"{key}: {FingerprintMismatch(exc.diffs, option=ALLOW_FLAG)}") from None
+        except FingerprintError as exc:
+            raise CompareError(f"{key}: bad fingerprint: {exc}") from None
+        except SLOError as exc:
+            raise CompareError(f"{key}: {exc}") from None
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise CompareError(
+                f"{key}: malformed run entry in {baseline.path} or {candidate.path}: {type(exc).__name__}: {exc}"
+            ) from None
+    gate.finish()
+    return CompareResult(gate.runs, only_base, only_cand, strict)
+
+
+# ---------------------------------------------------------------------- rendering
+
+
+def _short_key(key: str) -> str:
+    nodeid, _, index = key.rpartition("#")
+    name = (nodeid or key).split("::")[-1]
+    return name if index in ("", "0") else f"{name} #{index}"
+
+
+def _labels(keys: Sequence[str]) -> dict[str, str]:
+    """Test names for the table; the full key where two files hold tests of the same name."""
+    short = {k: _short_key(k) for k in keys}
+    counts: dict[str, int] = {}
+    for name in short.values():
+        counts[name] = counts.get(name, 0) + 1
+    return {k: name if counts[name] == 1 else k for k, name in short.items()}
+
+
+def _value(v: float, unit: str) -> str:
+    if v != v:
+        return "-"
+    if unit == "s":
+        return fmt_s(v)
+    return f"{v:.3g} {unit}".strip()
+
+
+def _pct(x: float) -> str:
+    return "-" if x != x else f"{x * 100:+.1f}%"
+
+
+def format_result(result: CompareResult, baseline: RunSource, candidate: RunSource) -> str:
+    """The verdict table, the details behind every verdict that is not UNCHANGED, the headline
+    and the keys only one side has."""
+    lines = [f"baseline:  {baseline.title}", f"candidate: {candidate.title}", ""]
+    labels = _labels([r.key for r in result.runs])
+    rows = []
+    for run in result.runs:
+        for c in run.comparisons:
+            ci = f"{_pct(c.ci_low)} … {_pct(c.ci_high)}" if c.gated else "-"
+            rows.append([labels[run.key], c.name, f"{_value(c.baseline_value, c.unit)} → {_value(c.candidate_value, c.unit)}",
+                         _pct(c.change), ci, c.verdict.value.upper()])
+    confidence = next((f"{c.confidence * 100:g}% CI" for r in result.runs for c in r.comparisons), "CI")
+    lines.append(table(["test", "statistic", "baseline → candidate", "change", confidence, "verdict"], rows, left=3))
+    details = _details(result.runs, labels)
+    if details:
+        lines.append("")
+        lines.extend(details)
+    allowed = sorted({d for r in result.runs for d in r.allowed_diffs})
+    if allowed:
+        lines.append(f"compared despite differing fingerprints ({ALLOW_FLAG}): {', '.join(allowed)}")
+    if result.only_candidate:
+        tail = " (fails with --strict)" if result.strict else ""
+        lines.append(f"only in candidate, no baseline to compare with{tail}: {', '.join(result.only_candidate)}")
+    if result.only_baseline:
+        lines.append(f"only in baseline, not run by the candidate: {', '.join(result.only_baseline)}")
+    verdict = "FAILED" if result.failed else "passed"
+    lines.append("")
+    lines.append(f"llmperf compare {verdict}: {result.headline()}")
+    return "\n".join(lines)
+
+
+def _details(runs: Sequence[RunComparison], labels: Mapping[str, str]) -> list[str]:
+    """Why each verdict other than UNCHANGED: Comparison.message() for decided ones; NOT_GATED
+    grouped per run and reason (an invalid run makes every statistic of it not gated)."""
+    lines = []
+    for run in runs:
+        not_gated: dict[str, list[str]] = {}
+        for c in run.comparisons:
+            if c.verdict is Verdict.NOT_GATED:
+                not_gated.setdefault(c.reason or "not gated", []).append(c.name)
+            elif c.verdict is not Verdict.UNCHANGED:
+                lines.append(f"{c.verdict.value.upper()}: {labels[run.key]}: {c.message()}")
+        lines.extend(f"NOT_GATED: {labels[run.key]}: {', '.join(names)}: {reason}"
+                     for reason, names in not_gated.items())
+    return lines
+
+
+def report_document(result: CompareResult, baseline: RunSource, candidate: RunSource) -> dict[str, Any]:
+    """The session report document (see :mod:`report.document`) for this comparison, so the
+    Markdown and JSON reports read exactly like those of a CI session."""
+    from pytest_llmperf.report.document import build_document
+
+    comparisons = {r.key: r for r in result.runs}
+    outcomes: dict[str, str] = {}
+    gate_errors: dict[str, str] = {}
+    for key in candidate.entries:
+        nodeid = key.rsplit("#", 1)[0]
+        failed = key in comparisons and bool(comparisons[key].regressions(result.strict))
+        if result.strict and key in result.only_candidate:
+            failed = True
+            gate_errors[key] = f"no counterpart in baseline {baseline.spec!r} (--strict)"
+        if failed or nodeid not in outcomes:
+            outcomes[nodeid] = "failed" if failed else "passed"
+    doc = build_document(
+        candidate.entries,
+        baseline={k: baseline.baseline_entries(k) for k in comparisons},
+        comparisons=comparisons,
+        gate_errors=gate_errors,
+        outcomes=outcomes,
+        baseline_name=baseline.name or baseline.spec,
+        baseline_source=str(baseline.path),
+    )
+    # The renderers say "strict: inconclusive fails" and count failures accordingly.
+    doc["strict"] = result.strict
+    return doc
+
+
+def write_outputs(doc: Mapping[str, Any], *, markdown: Path | None = None, json_out: Path | None = None,
+                  report_dir: Path | None = None) -> list[Path]:
+    """Write the reports asked for with the plugin's own renderers, so they read exactly like a
+    CI session's: ``report_dir`` gets the whole set (JSON, junit, Markdown, plots); ``markdown``
+    and ``json_out`` single files. The single Markdown file has no plot links: a copy on its own
+    (a PR comment, a chat message) would point at plots that are not there."""
+    from pytest_llmperf.report.markdown import render_markdown
+    from pytest_llmperf.report.writers import atomic_write_text, to_json, write_reports
+
+    written: list[Path] = []
+    jobs = [(out, render) for out, render in ((markdown, lambda: render_markdown(doc)), (json_out, lambda: to_json(doc)))
+            if out is not None]
+    target: Path | None = None
+    try:
+        if report_dir is not None:
+            target = report_dir
+            written.extend(Path(p) for p in write_reports(doc, report_dir))
+        for out, render in jobs:
+            target = out
+            out.parent.mkdir(parents=True, exist_ok=True)
+            written.append(atomic_write_text(out, render()))
+    except OSError as exc:
+        raise CompareError(f"cannot write {target}: {exc.strerror or exc}") from None
+    return written
+
+
+# ---------------------------------------------------------------------- command line
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must be a fraction between 0 and 1 (e.g. 0.05 for 5%), got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _allow_list(text: str) -> list[str]:
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    valid = set(valid_fields())
+    unknown = [n for n in names if n not in valid and not (n.startswith("extra.") and len(n) > 6)]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown fingerprint field(s) {', '.join(unknown)}; valid fields: {', '.join(valid_fields())} (or extra.<key>)"
+        )
+    return names
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="Compare two saved runs with the merge gate's statistics and print the verdicts. "
+                    "Exit 0: nothing regressed; 1: a regression (or, with --strict, an inconclusive "
+                    "verdict or a run with no baseline); 2: a usage or data error.",
+    )
+    p.add_argument("baseline", help="baseline name in the store (its newest run) or a saved run file (.json.gz / .json)")
+    p.add_argument("candidate", help="the run to judge: a name in the store or a file, like BASELINE")
+    p.add_argument("--store", type=Path, default=DEFAULT_ROOT, metavar="DIR",
+                   help=f"baseline store directory (default: {DEFAULT_ROOT})")
+    p.add_argument("--tolerance", type=_fraction, default=DEFAULT_TOLERANCE, metavar="F",
+                   help="relative change tolerated before a regression fails (default 0.05); "
+                        "a test's @slo(tolerance=...) wins, as in the plugin")
+    p.add_argument("--alpha", type=_fraction, default=DEFAULT_ALPHA, metavar="F",
+                   help="significance level (default 0.05)")
+    p.add_argument("--pool", type=_positive_int, default=1, metavar="N",
+                   help="pool the trials of the last N saved runs of a BASELINE name measured on the same "
+                        "setup, as --llmperf-pool does (default 1)")
+    p.add_argument(ALLOW_FLAG, dest="allow", type=_allow_list, default=[], metavar="A,B",
+                   help="fingerprint fields allowed to differ (e.g. gpu_driver,engine_version)")
+    p.add_argument("--strict", action="store_true",
+                   help="also fail on INCONCLUSIVE verdicts and on candidate runs with no baseline counterpart")
+    p.add_argument("--markdown", type=Path, metavar="OUT", help="write the Markdown summary (llmperf-summary.md) here")
+    p.add_argument("--json", dest="json_out", type=Path, metavar="OUT", help="write the JSON report (llmperf.json) here")
+    p.add_argument("--report-dir", type=Path, metavar="DIR",
+                   help="write the whole report set (JSON, Markdown, junit, plots) into DIR")
+    return p
+
+
+def compare_main(argv: Sequence[str]) -> int:
+    """Entry point of ``llmperf compare``; returns the exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(list(argv))
+    except SystemExit as exc:  # argparse printed the usage line; --help exits 0
+        return int(exc.code or 0)
+    try:
+        store = BaselineStore(args.store, keep=None)
+        baseline = load_side(args.baseline, store, pool=args.pool)
+        candidate = load_side(args.candidate, store)
+        result = compare_runs(baseline, candidate, tolerance=args.tolerance, alpha=args.alpha,
+                              allow=args.allow, strict=args.strict)
+        print(format_result(result, baseline, candidate))
+        written = write_outputs(report_document(result, baseline, candidate), markdown=args.markdown,
+                                json_out=args.json_out, report_dir=args.report_dir)
+    except (CompareError, StoreError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"{PROG}: error: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    for path in written:
+        print(f"wrote {path}")
+    return result.exit_code
+
+
+__all__ = ["CompareError", "CompareResult", "RunSource", "compare_main", "compare_runs", "entries_from_document",
+           "format_result", "load_side", "report_document", "write_outputs"]

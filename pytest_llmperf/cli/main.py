@@ -1,0 +1,61 @@
+"""The ``llmperf`` command: ``sim``, ``run``, ``compare`` and ``baselines``.
+
+Exit codes: 0 success, 1 a regression / breached SLO, 2 a usage or data error (one line on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from pytest_llmperf._version import __version__
+from pytest_llmperf.cli.run import CliError, add_run_parser, cmd_run
+from pytest_llmperf.errors import InputError
+
+USAGE_ERROR = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="llmperf", description="LLM-inference performance: simulate, measure, compare.")
+    parser.add_argument("--version", action="version", version=f"pytest-llmperf {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="{sim,run,compare,baselines}")
+    sub.add_parser("sim", help="serve the built-in OpenAI-compatible simulator (llmperf sim --help)", add_help=False)
+    add_run_parser(sub)
+    sub.add_parser("compare", help="compare two saved runs and print verdicts (llmperf compare --help)", add_help=False)
+    sub.add_parser("baselines", help="list, show or delete saved baselines (llmperf baselines --help)", add_help=False)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Subcommands with their own parsers get the rest of the line untouched.
+    if argv and argv[0] == "sim":
+        from pytest_llmperf.sim.cli import main as sim_main
+
+        return sim_main(argv[1:])
+    if argv and argv[0] == "baselines":
+        from pytest_llmperf.cli.baselines import baselines_main
+
+        return baselines_main(argv[1:])
+    if argv and argv[0] == "compare":
+        from pytest_llmperf.cli.compare import compare_main
+
+        return compare_main(argv[1:])
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return USAGE_ERROR
+    try:
+        return cmd_run(args)
+    except CliError as exc:
+        print(f"llmperf {args.command}: error: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+    except InputError as exc:  # bad input carries its own clear message
+        print(f"llmperf {args.command}: error: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

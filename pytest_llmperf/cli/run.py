@@ -1,0 +1,118 @@
+"""``llmperf run``: one workload against an OpenAI-compatible server, its summary and SLO checks."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pytest_llmperf.cli.options import OptionError, api_key_from_env
+from pytest_llmperf.errors import InputError
+
+if TYPE_CHECKING:
+    from pytest_llmperf.objectives import SLO
+    from pytest_llmperf.workload import Workload
+
+
+class CliError(InputError):
+    """A usage or data error: printed as one line, exit code 2."""
+
+
+def add_run_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="run a workload against an OpenAI-compatible server and print its summary")
+    p.add_argument("--url", required=True, help="OpenAI base URL, e.g. http://127.0.0.1:8000/v1")
+    p.add_argument("--model", help="model name (default: the first one /v1/models lists)")
+    p.add_argument("--api-key-env", metavar="NAME", help="environment variable holding the API key")
+    p.add_argument("--workload", type=Path, help="workload YAML file")
+    p.add_argument("--name", help="which workload of a file holding several")
+    p.add_argument("--input-tokens", type=int)
+    p.add_argument("--output-tokens", type=int)
+    load = p.add_mutually_exclusive_group()
+    load.add_argument("--rate", type=float, help="open loop: requests per second")
+    load.add_argument("--concurrency", type=int, help="closed loop: requests in flight")
+    p.add_argument("--duration", type=float, help="measurement seconds")
+    p.add_argument("--num-requests", type=int)
+    p.add_argument("--warmup", type=float, default=0.0, help="warm-up seconds (run, recorded, excluded)")
+    p.add_argument("--arrival", choices=["poisson", "gamma", "constant"], default="poisson")
+    p.add_argument("--cache", choices=["cold", "warm"], default="cold")
+    p.add_argument("--api", choices=["chat", "completions"], default="chat")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--slo", action="append", default=[], metavar="KEY=VALUE",
+                   help="per-request SLO for goodput and a pass/fail check, e.g. ttft_p95=0.5 (repeatable)")
+    p.add_argument("--json", type=Path, metavar="OUT", help="write the full result as JSON")
+
+
+def _workload_from_args(args: argparse.Namespace) -> Workload:
+    from pytest_llmperf.workload import Workload, WorkloadError, load_workload
+
+    if args.workload is not None:
+        workload = load_workload(args.workload, args.name)
+        return workload
+    missing = [flag for flag, value in (("--input-tokens", args.input_tokens), ("--output-tokens", args.output_tokens))
+               if value is None]
+    if missing:
+        raise CliError(f"give --workload FILE, or {' and '.join(missing)} with --rate/--concurrency and --duration")
+    try:
+        return Workload(
+            input_tokens=args.input_tokens, output_tokens=args.output_tokens, rate_rps=args.rate,
+            concurrency=args.concurrency, duration_s=args.duration, num_requests=args.num_requests,
+            warmup_s=args.warmup, arrival=args.arrival, cache=args.cache, api=args.api, seed=args.seed,
+        )
+    except WorkloadError as exc:
+        raise CliError(f"workload: {exc}") from None
+
+
+def _slo_from_args(pairs: list[str]) -> SLO | None:
+    if not pairs:
+        return None
+    from pytest_llmperf.objectives import SLO
+
+    values: dict[str, object] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise CliError(f"--slo expects KEY=VALUE, got {pair!r}")
+        try:
+            values[key.strip()] = float(value)
+        except ValueError:
+            raise CliError(f"--slo {key}: expected a number, got {value!r}") from None
+    return SLO.parse(values, source="--slo")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from pytest_llmperf.load.loadgen import Progress
+    from pytest_llmperf.load.runner import RunError, Runner
+    from pytest_llmperf.objectives import check
+    from pytest_llmperf.report.json_result import run_result_to_dict
+    from pytest_llmperf.report.terminal import progress_line, summary_text
+
+    workload = _workload_from_args(args)
+    slo = _slo_from_args(args.slo)
+    try:
+        api_key = api_key_from_env(args.api_key_env, "--api-key-env")
+    except OptionError as exc:
+        raise CliError(str(exc)) from None
+
+    def progress(p: Progress) -> None:
+        print("  " + progress_line(workload.label(), p), file=sys.stderr, flush=True)
+
+    runner = Runner(args.url, model=args.model, api_key=api_key, progress=progress)
+    try:
+        result = runner.run(workload, slo=slo)
+    except RunError as exc:
+        raise CliError(str(exc)) from None
+    print(summary_text(result.summary, title=f"{result.label} on {result.model}"))
+    failed = False
+    if slo is not None:
+        checks = check(result.summary, slo)
+        result.slo_checks = checks
+        for c in checks:
+            print(("PASS " if c.passed else "FAIL ") + c.message)
+        failed = not all(c.passed for c in checks)
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(run_result_to_dict(result), indent=1))
+        print(f"result written to {args.json}")
+    return 1 if failed else 0

@@ -1,0 +1,302 @@
+"""The environment a run was measured in, and the refusal to compare runs from different ones.
+
+A latency number means little without the engine, model, GPU and traffic that produced it, so
+every saved run carries a :class:`Fingerprint`. Comparing a candidate against a baseline whose
+fingerprint differs is refused with :class:`FingerprintMismatch`, whose message names each
+differing field with both values and the option that overrides the refusal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping
+
+from pytest_llmperf.errors import InputError, LLMPerfError
+
+# Fields holding a mapping are stored as canonical (sorted-key) JSON text so the dataclass stays
+# hashable and two fingerprints compare equal whatever order the mapping was built in.
+_JSON_FIELDS = ("sampling", "slo", "extra")
+_NO_GPU = {"gpu_name": "none", "gpu_count": 0, "gpu_driver": "none"}
+ALLOW_OPTION = "--llmperf-allow-diff"
+
+
+class FingerprintError(InputError):
+    """A fingerprint (or allow-list) that cannot be used as given; the message says why."""
+
+
+@dataclass(frozen=True)
+class FieldDiff:
+    """One field whose value differs between baseline and candidate (values as decoded)."""
+
+    field: str
+    baseline: Any
+    candidate: Any
+
+    def describe(self) -> str:
+        return f"{self.field} ({self.baseline!r} vs {self.candidate!r})"
+
+
+class FingerprintMismatch(LLMPerfError):
+    """Baseline and candidate were measured in different environments."""
+
+    def __init__(self, diffs: list[FieldDiff], option: str = ALLOW_OPTION):
+        self.diffs = list(diffs)
+        names = ",".join(d.field for d in self.diffs)
+        detail = ", ".join(d.describe() for d in self.diffs)
+        super().__init__(
+            f"baseline and candidate differ in: {detail}; pass {option} {names} to compare anyway"
+        )
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """What a run's numbers depend on. ``sampling``, ``slo`` and ``extra`` accept a mapping (or
+    its canonical JSON text) and are stored as sorted JSON text; read them back decoded with
+    :meth:`mapping` or :meth:`to_dict`. ``extra`` holds anything else a caller wants compared
+    (e.g. tensor-parallel size); its keys are compared one by one as ``extra.<key>``.
+    """
+
+    engine: str = "unknown"
+    engine_version: str = "unknown"
+    model: str = "unknown"
+    gpu_name: str = "none"
+    gpu_count: int = 0
+    gpu_driver: str = "none"
+    sampling: Any = "{}"
+    sim_preset: str | None = None
+    plugin_version: str = ""
+    workload_hash: str = ""
+    slo: Any = "{}"
+    extra: Any = "{}"
+
+    def __post_init__(self) -> None:
+        for name in _JSON_FIELDS:
+            object.__setattr__(self, name, _canonical_json(getattr(self, name), name))
+        for name in ("engine", "engine_version", "model", "gpu_name", "gpu_driver",
+                     "plugin_version", "workload_hash"):
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                raise FingerprintError(f"fingerprint field {name!r} must be a string, got {value!r}")
+        if self.sim_preset is not None and not isinstance(self.sim_preset, str):
+            raise FingerprintError(f"fingerprint field 'sim_preset' must be a string or None, got {self.sim_preset!r}")
+        if isinstance(self.gpu_count, bool) or not isinstance(self.gpu_count, int) or self.gpu_count < 0:
+            raise FingerprintError(f"fingerprint field 'gpu_count' must be a non-negative integer, got {self.gpu_count!r}")
+
+    def mapping(self, name: str) -> dict[str, Any]:
+        """The decoded value of ``sampling``, ``slo`` or ``extra``."""
+        if name not in _JSON_FIELDS:
+            raise FingerprintError(f"{name!r} is not a mapping field; choose one of {', '.join(_JSON_FIELDS)}")
+        return json.loads(getattr(self, name))
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            out[f.name] = self.mapping(f.name) if f.name in _JSON_FIELDS else getattr(self, f.name)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], source: str = "fingerprint") -> "Fingerprint":
+        """Build from :meth:`to_dict` output. Keys this version does not know (written by a newer
+        plugin) are kept under ``extra`` rather than dropped, so they still take part in diffs."""
+        if not isinstance(data, Mapping):
+            raise FingerprintError(f"{source}: expected a mapping, got {type(data).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in known}
+        unknown = {k: v for k, v in data.items() if k not in known}
+        if unknown:
+            extra = json.loads(_canonical_json(kwargs.get("extra", {}), "extra"))
+            extra.update(unknown)
+            kwargs["extra"] = extra
+        try:
+            return cls(**kwargs)
+        except FingerprintError as exc:
+            raise FingerprintError(f"{source}: {exc}") from None
+
+    @classmethod
+    def for_run(
+        cls,
+        *,
+        engine: str,
+        model: str,
+        engine_version: str = "unknown",
+        sampling: Mapping[str, Any] | None = None,
+        sim_preset: str | None = None,
+        workload: Any = None,
+        slo: Mapping[str, Any] | None = None,
+        gpu: Mapping[str, Any] | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> "Fingerprint":
+        """Assemble a fingerprint, filling in the plugin version, the workload's content hash and
+        (unless ``gpu`` is given, e.g. for a remote server) the local GPUs from :func:`collect_gpu`.
+        """
+        from pytest_llmperf._version import __version__
+
+        gpu_info = dict(collect_gpu() if gpu is None else gpu)
+        return cls(
+            engine=engine,
+            engine_version=engine_version,
+            model=model,
+            gpu_name=str(gpu_info.get("gpu_name", "none")),
+            gpu_count=int(gpu_info.get("gpu_count", 0)),
+            gpu_driver=str(gpu_info.get("gpu_driver", "none")),
+            sampling=dict(sampling or {}),
+            sim_preset=sim_preset,
+            # major.minor: a patch release must not invalidate every stored baseline
+            plugin_version=".".join(__version__.split(".")[:2]),
+            workload_hash=workload.content_hash() if workload is not None else "",
+            slo=dict(slo or {}),
+            extra=dict(extra or {}),
+        )
+
+
+def _canonical_json(value: Any, name: str) -> str:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise FingerprintError(f"fingerprint field {name!r}: not a mapping or JSON text: {value!r}") from None
+    if value is None:
+        value = {}
+    if not isinstance(value, Mapping):
+        raise FingerprintError(f"fingerprint field {name!r} must be a mapping, got {type(value).__name__}")
+    try:
+        return json.dumps(dict(value), sort_keys=True, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise FingerprintError(f"fingerprint field {name!r}: not JSON-serializable: {exc}") from None
+
+
+def valid_fields() -> tuple[str, ...]:
+    """Names accepted in an allow-list (plus ``extra.<key>`` for any key)."""
+    return tuple(f.name for f in dataclasses.fields(Fingerprint))
+
+
+def _parse_allow(allow: Iterable[str] | str) -> set[str]:
+    # A bare string is the raw option value ("gpu_name,engine_version"); iterating it would
+    # yield characters.
+    items = allow.split(",") if isinstance(allow, str) else [p for a in allow for p in str(a).split(",")]
+    names = {item.strip() for item in items if item.strip()}
+    valid = set(valid_fields())
+    unknown = sorted(n for n in names if n not in valid and not (n.startswith("extra.") and len(n) > 6))
+    if unknown:
+        raise FingerprintError(
+            f"unknown fingerprint field(s) in {ALLOW_OPTION}: {', '.join(unknown)}; "
+            f"valid fields: {', '.join(valid_fields())} (or extra.<key>)"
+        )
+    return names
+
+
+def _all_diffs(baseline: Fingerprint, candidate: Fingerprint) -> list[FieldDiff]:
+    out: list[FieldDiff] = []
+    for f in dataclasses.fields(Fingerprint):
+        if f.name == "extra":
+            b, c = baseline.mapping("extra"), candidate.mapping("extra")
+            for key in sorted(set(b) | set(c)):
+                if b.get(key) != c.get(key):
+                    out.append(FieldDiff(f"extra.{key}", b.get(key), c.get(key)))
+        elif getattr(baseline, f.name) != getattr(candidate, f.name):
+            if f.name in _JSON_FIELDS:
+                out.append(FieldDiff(f.name, baseline.mapping(f.name), candidate.mapping(f.name)))
+            else:
+                out.append(FieldDiff(f.name, getattr(baseline, f.name), getattr(candidate, f.name)))
+    return out
+
+
+def _is_allowed(name: str, allowed: set[str]) -> bool:
+    return name in allowed or (name.startswith("extra.") and "extra" in allowed)
+
+
+def diff(baseline: Fingerprint, candidate: Fingerprint, allow: Iterable[str] | str = ()) -> list[FieldDiff]:
+    """The differences that block a comparison: every differing field not named in ``allow``.
+
+    ``allow`` takes field names (or comma-separated strings of them); ``extra`` allows every
+    ``extra.<key>``. Unknown names raise :class:`FingerprintError` listing the valid fields.
+    """
+    allowed = _parse_allow(allow)
+    return [d for d in _all_diffs(baseline, candidate) if not _is_allowed(d.field, allowed)]
+
+
+def ensure_comparable(
+    baseline: Fingerprint, candidate: Fingerprint, allow: Iterable[str] | str = ()
+) -> list[FieldDiff]:
+    """Raise :class:`FingerprintMismatch` if a non-allowed field differs; otherwise return the
+    differences that were allowed, so a report can say what was compared despite differing."""
+    allowed = _parse_allow(allow)
+    diffs = _all_diffs(baseline, candidate)
+    blocking = [d for d in diffs if not _is_allowed(d.field, allowed)]
+    if blocking:
+        raise FingerprintMismatch(blocking)
+    return diffs
+
+
+def matcher(candidate: Fingerprint, allow: Iterable[str] | str = ()) -> Callable[[Any], bool]:
+    """A predicate over stored fingerprint dicts, for ``BaselineStore.history(fingerprint_match=)``:
+    true when the stored fingerprint has no blocking difference from ``candidate``. A run without
+    a fingerprint, or with one that cannot be read, does not match."""
+    allowed = _parse_allow(allow)
+
+    def match(stored: Any) -> bool:
+        if stored is None:
+            return False
+        try:
+            base = stored if isinstance(stored, Fingerprint) else Fingerprint.from_dict(stored)
+        except FingerprintError:
+            return False
+        return not [d for d in _all_diffs(base, candidate) if not _is_allowed(d.field, allowed)]
+
+    return match
+
+
+def collect_gpu(nvml: Any = None, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """GPU name, count and driver of this machine via NVML (``pynvml`` from nvidia-ml-py).
+
+    Without NVML (not installed, no driver, no GPU) the answer is name "none", count 0, driver
+    "none". NVML sees every GPU on the box, so ``CUDA_VISIBLE_DEVICES`` (indices or UUIDs) narrows
+    the set to what a locally launched engine would use. Mixed GPU models are joined with " + ".
+    ``nvml`` and ``environ`` exist for tests.
+    """
+    environ = os.environ if environ is None else environ
+    if nvml is None:
+        try:
+            import pynvml as nvml  # type: ignore[import-not-found, no-redef]
+        except Exception:
+            return dict(_NO_GPU)
+    try:
+        nvml.nvmlInit()
+    except Exception:
+        return dict(_NO_GPU)
+    try:
+        driver = _text(nvml.nvmlSystemGetDriverVersion())
+        devices = []
+        for i in range(int(nvml.nvmlDeviceGetCount())):
+            handle = nvml.nvmlDeviceGetHandleByIndex(i)
+            devices.append((str(i), _text(nvml.nvmlDeviceGetUUID(handle)), _text(nvml.nvmlDeviceGetName(handle))))
+    except Exception:
+        return dict(_NO_GPU)
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except Exception:
+            pass
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        wanted = [v.strip() for v in visible.split(",") if v.strip()]
+        chosen = []
+        for want in wanted:
+            # CUDA stops at the first entry it cannot resolve (e.g. "-1" hides every GPU).
+            hit = next((d for d in devices if want == d[0] or (want.startswith("GPU-") and d[1].startswith(want))), None)
+            if hit is None:
+                break
+            chosen.append(hit)
+        devices = chosen
+    if not devices:
+        return {"gpu_name": "none", "gpu_count": 0, "gpu_driver": driver or "none"}
+    names = sorted({d[2] for d in devices})
+    return {"gpu_name": " + ".join(names), "gpu_count": len(devices), "gpu_driver": driver or "none"}
+
+
+def _text(value: Any) -> str:
+    # Older nvidia-ml-py releases return bytes, newer ones str.
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,0 +1,203 @@
+"""Prompts with exact token counts, and the cache state they imply.
+
+Prompts are built from common short English words that are a single token in the usual BPE
+vocabularies (checked against the server's ``/tokenize`` when it has one). A prompt of K such words
+is then K tokens plus a fixed overhead (chat template, BOS), so a target length maps to a word count
+by a linear model fitted on the server itself:
+
+- ``/tokenize`` available: keep only words the server tokenizes as one token, fit
+  tokens = slope · words + overhead from two probe lengths, then verify the first prompts exactly.
+- no ``/tokenize``: send two one-token probe requests and fit the same line from ``usage.prompt_tokens``.
+- neither answers: assume one token per word and a small template overhead (marked "estimate").
+
+The counts the metrics use are always the server's ``usage``; the model above only aims the prompts.
+
+Cache state: a *cold* prompt starts with a salt unique to the request and the run (so no block of it
+can hit a prefix cache, not even across trials); a *warm* prompt starts with one of
+``num_prefixes`` shared prefixes that repeat across requests (and across trials of the same seed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+import numpy as np
+
+from pytest_llmperf.records import PHASE_MEASURE, PreparedRequest
+from pytest_llmperf.workload import RequestType, Workload
+
+# Frequent English words; nearly all are one token (with a leading space) in Llama, Qwen, Mistral and
+# GPT tokenizers. The calibration step drops any that are not on the server at hand.
+COMMON_WORDS = (
+    "the of and to in is that for it as with was on be at by this had not are but from or have an "
+    "they which one you were her all she there would their we him been has when who will more no if "
+    "out so said what up its about into than them can only other new some could time these two may "
+    "then do first any my now such like our over man me even most made after also did many before "
+    "must through back years where much your way well down should because each just those people how "
+    "too little state good very make world still own see men work long get here between both life "
+    "being under never day same another know while last might us great old year off come since "
+    "against go came right used take three"
+).split()
+
+SALT_WORDS = 5
+DEFAULT_CHAT_OVERHEAD = 8
+DEFAULT_COMPLETION_OVERHEAD = 1
+
+
+class TokenCounter(Protocol):
+    """What calibration needs from the client."""
+
+    async def tokenize(self, text: str | None = None, messages: list | None = None) -> list[int] | None: ...
+
+
+@dataclass(frozen=True)
+class TokenModel:
+    """tokens = slope · words + overhead, for prompts built from ``vocab``."""
+
+    vocab: tuple[str, ...]
+    slope: float
+    overhead: float
+    source: str  # "tokenize" | "usage-probe" | "estimate"
+
+    def words_for(self, tokens: int) -> int:
+        return max(1, int(round((tokens - self.overhead) / self.slope)))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"slope": self.slope, "overhead": self.overhead, "source": self.source,
+                "vocab_size": len(self.vocab)}
+
+
+async def _count(counter: TokenCounter, api: str, text: str) -> int | None:
+    if api == "chat":
+        tokens = await counter.tokenize(messages=[{"role": "user", "content": text}])
+    else:
+        tokens = await counter.tokenize(text=text)
+    return None if tokens is None else len(tokens)
+
+
+async def calibrate_with_tokenizer(counter: TokenCounter, api: str) -> TokenModel | None:
+    """Fit the token model against the server's ``/tokenize``; None when it has none."""
+    base = await _count(counter, api, "the")
+    if base is None:
+        return None
+    counts = await asyncio.gather(*(_count(counter, api, "the " + word) for word in COMMON_WORDS))
+    singles = [w for w, n in zip(COMMON_WORDS, counts) if n is not None and n - base == 1]
+    vocab = tuple(singles) if len(singles) >= 32 else tuple(COMMON_WORDS)
+    rng = np.random.default_rng(1234)
+    short, long_ = 16, 96
+    n_short = await _count(counter, api, _words(vocab, rng, short))
+    n_long = await _count(counter, api, _words(vocab, rng, long_))
+    if n_short is None or n_long is None:
+        return None
+    slope = (n_long - n_short) / (long_ - short)
+    overhead = n_short - slope * short
+    return TokenModel(vocab, slope if slope > 0 else 1.0, overhead, "tokenize")
+
+
+def fit_from_usage(points: list[tuple[int, int]], api: str) -> TokenModel:
+    """Fit from (words, server prompt_tokens) pairs measured with probe requests."""
+    if len(points) >= 2 and points[0][0] != points[1][0]:
+        (w1, t1), (w2, t2) = points[0], points[1]
+        slope = (t2 - t1) / (w2 - w1)
+        if slope > 0:
+            return TokenModel(tuple(COMMON_WORDS), slope, t1 - slope * w1, "usage-probe")
+    return estimated_model(api)
+
+
+def estimated_model(api: str) -> TokenModel:
+    overhead = DEFAULT_CHAT_OVERHEAD if api == "chat" else DEFAULT_COMPLETION_OVERHEAD
+    return TokenModel(tuple(COMMON_WORDS), 1.0, overhead, "estimate")
+
+
+def _words(vocab: tuple[str, ...], rng: np.random.Generator, n: int) -> str:
+    idx = rng.integers(0, len(vocab), size=n)
+    return " ".join(vocab[i] for i in idx)
+
+
+class PromptFactory:
+    """Makes the i-th request of a workload: type, lengths, and a prompt in the right cache state.
+
+    Everything but the cold salt is a pure function of (workload.seed, index), so two trials of the
+    same workload send the same lengths in the same order. The salt also mixes in a per-run nonce:
+    a second trial must not hit prefixes cached by the first.
+    """
+
+    def __init__(self, workload: Workload, model: TokenModel, *, nonce: int | None = None,
+                 extra_body: dict[str, Any] | None = None, send_ignore_eos: bool = True,
+                 length_fields: Callable[[int, bool, int | None], dict[str, Any]] | None = None) -> None:
+        self.workload = workload
+        self.model = model
+        self.nonce = nonce if nonce is not None else int.from_bytes(os.urandom(6), "little")
+        self.extra_body = dict(extra_body or {})
+        self.send_ignore_eos = send_ignore_eos
+        # An engine preset's own way of fixing the output length (ignore_eos, min_tokens, a
+        # logit_bias on EOS...); when given it replaces the default ignore_eos/min_tokens fields.
+        self.length_fields = length_fields
+        self._vocab = np.asarray(model.vocab, dtype=object)
+        types = workload.request_types
+        self._types = types
+        weights = np.asarray([t.weight for t in types], dtype=float)
+        self._cum_weights = np.cumsum(weights / weights.sum())
+        # The template overhead precedes the user text and is shared anyway; the prefix is words only.
+        self._prefix_words = int(workload.shared_prefix_tokens / model.slope)
+        rng = np.random.default_rng([workload.seed, 7])
+        self._prefixes = [
+            " ".join(self._vocab[rng.integers(0, len(self._vocab), size=self._prefix_words)])
+            for _ in range(workload.num_prefixes)
+        ] if self._prefix_words else []
+
+    def _salt(self, index: int) -> str:
+        # Unique digits of (nonce, index) in base len(vocab): distinct requests never share a salt.
+        value = (self.nonce << 24) ^ index
+        base = len(self._vocab)
+        digits = []
+        for _ in range(SALT_WORDS):
+            value, d = divmod(value, base)
+            digits.append(self._vocab[d])
+        return " ".join(digits)
+
+    def sample_type(self, rng: np.random.Generator) -> RequestType:
+        return self._types[int(np.searchsorted(self._cum_weights, rng.random(), side="right").clip(0, len(self._types) - 1))]
+
+    def make(self, index: int, phase: str = PHASE_MEASURE) -> PreparedRequest:
+        rng = np.random.default_rng([self.workload.seed, index])
+        rtype = self.sample_type(rng)
+        input_tokens = int(rtype.input_tokens.sample(rng, 1)[0])
+        output_tokens = int(rtype.output_tokens.sample(rng, 1)[0])
+        words_total = self.model.words_for(input_tokens)
+        parts = []
+        used = 0
+        if self.workload.cache == "cold":
+            parts.append(self._salt(index))
+            used += SALT_WORDS
+        elif self._prefixes:
+            parts.append(self._prefixes[int(rng.integers(0, len(self._prefixes)))])
+            used += self._prefix_words
+        body_words = max(1, words_total - used)
+        parts.append(" ".join(self._vocab[rng.integers(0, len(self._vocab), size=body_words)]))
+        sampling = dict(self.workload.sampling)
+        if "seed" not in sampling and self.workload.sampling.get("temperature", 0) not in (0, None):
+            sampling["seed"] = int(self.workload.seed * 1_000_003 + index) % (2**31)
+        ignore_eos = self.workload.ignore_eos and self.send_ignore_eos
+        extra_body = dict(self.extra_body)
+        if self.length_fields is not None:
+            fields = self.length_fields(output_tokens, self.workload.ignore_eos, output_tokens if self.workload.ignore_eos else None)
+            fields.pop("max_tokens", None)
+            extra_body.update(fields)
+            ignore_eos = False
+        return PreparedRequest(
+            index=index,
+            prompt=" ".join(parts),
+            max_tokens=output_tokens,
+            api=self.workload.api,
+            request_type=rtype.name,
+            phase=phase,
+            prompt_tokens_expected=input_tokens,
+            ignore_eos=ignore_eos,
+            min_tokens=output_tokens if ignore_eos else None,
+            sampling=sampling,
+            extra_body=extra_body,
+        )

@@ -1,0 +1,239 @@
+"""Run a workload against an OpenAI-compatible server: prompts -> load -> records -> Summary.
+
+This is the library entry point the pytest layer and the CLI share::
+
+    runner = Runner("http://127.0.0.1:8000/v1")
+    result = runner.run(Workload(input_tokens=256, output_tokens=128, rate_rps=4, duration_s=30))
+    print(result.summary.ttft_s.p95)
+
+A workload with ``trials=N`` runs N full trials (each with its own warm-up); statistics are kept per
+trial for the baseline comparison, and ``result.summary`` pools the trials' measured requests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import httpx
+import numpy as np
+
+from pytest_llmperf.cache_check import CacheCheck
+from pytest_llmperf.errors import LLMPerfError
+from pytest_llmperf.cache_check import verify as verify_cache
+from pytest_llmperf.load.client import StreamingClient
+from pytest_llmperf.load.loadgen import LoadGenerator, OverloadGuard, Progress, run_sync
+from pytest_llmperf.metrics import Summary, summarize
+from pytest_llmperf.load.prompts import PromptFactory, TokenModel, calibrate_with_tokenizer, estimated_model, fit_from_usage
+from pytest_llmperf.records import PHASE_MEASURE, PreparedRequest, RequestRecord
+from pytest_llmperf.objectives import SLO
+from pytest_llmperf.telemetry import TelemetrySampler
+from pytest_llmperf.load.workers import ClientSpec, run_in_workers
+from pytest_llmperf.results import RunResult, TrialResult, pooled_summary
+from pytest_llmperf.workload import Workload
+
+
+class RunError(LLMPerfError, RuntimeError):
+    """The run could not start (server unreachable, model unknown); the message says why."""
+
+
+class Runner:
+    """Bound to one server; runs workloads against it."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        model: str | None = None,
+        api_key: str | None = None,
+        extra_body: dict[str, Any] | None = None,
+        send_ignore_eos: bool = True,
+        length_fields: Callable[[int, bool, int | None], dict[str, Any]] | None = None,
+        metrics_url: str | None = None,
+        reset_cache_url: str | None = None,
+        progress: Callable[[Progress], None] | None = None,
+        progress_interval_s: float = 2.0,
+        workers: int | None = None,
+        use_uvloop: bool | None = None,
+        overload: OverloadGuard | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self._api_key = api_key
+        self.extra_body = dict(extra_body or {})
+        self.send_ignore_eos = send_ignore_eos
+        self.length_fields = length_fields
+        # Where the server's Prometheus metrics live; None skips server telemetry.
+        self.metrics_url = metrics_url
+        # POSTed before every trial where the engine offers it (vLLM /reset_prefix_cache, SGLang
+        # /flush_cache), so each trial starts from the same cache state; its warm-up re-warms it.
+        self.reset_cache_url = reset_cache_url
+        self.cache_resets_failed = 0
+        self.progress = progress
+        self.progress_interval_s = progress_interval_s
+        # Load-generator processes per trial (None: the workload's own ``workers``); see workers.py.
+        if workers is not None and not (isinstance(workers, int) and not isinstance(workers, bool) and workers >= 1):
+            raise ValueError(f"workers must be a positive integer, got {workers!r}")
+        self.workers = workers
+        # None: uvloop when installed (cheaper per chunk), True: required, False: never.
+        self.use_uvloop = use_uvloop
+        # Ends open-loop trials early when the backlog grows without bound (capacity search).
+        self.overload = overload
+        self._token_models: dict[str, TokenModel] = {}
+
+    def __repr__(self) -> str:  # never show the key
+        return f"Runner({self.base_url!r}, model={self.model!r})"
+
+    def run(self, workload: Workload, *, slo: SLO | None = None, trials: int | None = None) -> RunResult:
+        return run_sync(self.arun(workload, slo=slo, trials=trials), use_uvloop=self.use_uvloop)
+
+    async def arun(self, workload: Workload, *, slo: SLO | None = None, trials: int | None = None) -> RunResult:
+        n_trials = trials or workload.trials or 1
+        results = []
+        model = await self._resolve_model()
+        # The calibration probes obey the workload's request timeout: a stalling server must not
+        # hold the run for a fixed 30 s per probe before any load is sent.
+        token_model = await self._token_model(workload.api, model, timeout_s=workload.timeout_s)
+        for index in range(n_trials):
+            results.append(await self._trial(workload, model, token_model, slo, index))
+        return RunResult(
+            workload=workload,
+            model=model,
+            base_url=self.base_url,
+            trials=results,
+            summary=pooled_summary(results, slo),
+            token_model=token_model.to_dict(),
+            slo=slo,
+            label=workload.label(),
+            cache_check=verify_cache(workload.cache, [t.telemetry for t in results],
+                                     [r for t in results for r in t.records],
+                                     template_tokens=max(0.0, token_model.overhead) if workload.api == "chat" else 0.0),
+        )
+
+    def _client(self, origin_s: float, workload: Workload | None = None,
+                timeout_s: float | None = None) -> StreamingClient:
+        conns = 64
+        if workload is not None:
+            conns = workload.concurrency or int(max(64, (workload.rate_rps or 1) * 60))
+        return StreamingClient(
+            self.base_url,
+            model=self.model,
+            api_key=self._api_key,
+            timeout_s=timeout_s if timeout_s is not None else (workload.timeout_s if workload else 30.0),
+            max_connections=min(conns, 20000),
+            origin_s=origin_s,
+        )
+
+    async def _resolve_model(self) -> str:
+        if self.model:
+            return self.model
+        async with self._client(time.perf_counter()) as client:
+            try:
+                models = await client.list_models()
+            except Exception as exc:
+                raise RunError(f"cannot list models at {self.base_url}/models: {exc}") from None
+        if not models:
+            raise RunError(f"{self.base_url}/models lists no model; pass a model name explicitly")
+        self.model = models[0]
+        return self.model
+
+    async def _token_model(self, api: str, model: str, timeout_s: float | None = None) -> TokenModel:
+        if api in self._token_models:
+            return self._token_models[api]
+        async with self._client(time.perf_counter(), timeout_s=timeout_s) as client:
+            token_model = None
+            try:
+                token_model = await calibrate_with_tokenizer(client, api)
+            except Exception:
+                token_model = None
+            if token_model is None:
+                token_model = await self._probe_usage(client, api)
+        self._token_models[api] = token_model
+        return token_model
+
+    async def _reset_cache(self) -> None:
+        if not self.reset_cache_url:
+            return
+        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        try:
+            async with httpx.AsyncClient(timeout=30.0, trust_env=False) as http:
+                resp = await http.post(self.reset_cache_url, headers=headers)
+            if resp.status_code >= 400:
+                self.cache_resets_failed += 1
+        except httpx.HTTPError:
+            self.cache_resets_failed += 1
+
+    async def _probe_usage(self, client: StreamingClient, api: str) -> TokenModel:
+        """No /tokenize: fit the word->token line from two tiny requests' usage.prompt_tokens."""
+        fallback = estimated_model(api)
+        points = []
+        rng = np.random.default_rng(99)
+        for n_words in (16, 96):
+            prompt = " ".join(fallback.vocab[i] for i in rng.integers(0, len(fallback.vocab), n_words))
+            request = PreparedRequest(index=-1, prompt=prompt, max_tokens=1, api=api, ignore_eos=False,
+                                      extra_body=dict(self.extra_body))
+            record = RequestRecord(index=-1)
+            await client.send(request, record)
+            if record.ok and record.prompt_tokens and record.token_source == "usage":
+                points.append((n_words, record.prompt_tokens))
+        return fit_from_usage(points, api)
+
+    async def _trial(self, workload: Workload, model: str, token_model: TokenModel, slo: SLO | None,
+                     index: int) -> TrialResult:
+        factory = PromptFactory(workload, token_model, extra_body=self.extra_body,
+                                send_ignore_eos=self.send_ignore_eos, length_fields=self.length_fields)
+        expected: dict[int, int | None] = {}
+
+        def make(i: int, phase: str) -> PreparedRequest:
+            request = factory.make(i, phase)
+            expected[i] = request.prompt_tokens_expected
+            return request
+
+        await self._reset_cache()
+        origin = time.perf_counter()
+        started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        n_workers = self.workers or workload.workers
+        async with self._client(origin, workload) as client:
+            client.model = model
+            generator = LoadGenerator(
+                workload, make, client.send,
+                clock=lambda: time.perf_counter() - origin,
+                progress=self.progress,
+                progress_interval_s=self.progress_interval_s,
+                prepare=client.encode,
+                overload=self.overload,
+            )
+            sampler = None
+            if self.metrics_url:
+                sampler = TelemetrySampler(self.metrics_url, interval_s=1.0, origin_s=origin)
+                await sampler.start()
+            try:
+                if n_workers > 1:
+                    spec = ClientSpec(self.base_url, model, self._api_key, client.timeout_s,
+                                      client.max_connections, self.use_uvloop)
+                    outcome, sent = await run_in_workers(
+                        workload, make, spec, n_workers, origin_s=origin, overload=self.overload,
+                        progress=self.progress, progress_interval_s=self.progress_interval_s)
+                    expected.update(sent)
+                else:
+                    outcome = await generator.run()
+            finally:
+                telemetry = (await sampler.stop()).to_dict() if sampler is not None else None
+        summary = summarize(outcome.records, slo=slo, window_s=outcome.window_s,
+                            loop_lag_p99_s=outcome.loop_lag_p99_s)
+        trial = TrialResult(
+            index=index,
+            records=outcome.records,
+            summary=summary,
+            window_s=outcome.window_s,
+            loop_lag_max_s=outcome.loop_lag_max_s,
+            loop_lag_p99_s=outcome.loop_lag_p99_s,
+            started_at=started_at,
+            wall_s=time.perf_counter() - origin,
+            expected_prompt_tokens=[expected.get(r.index) for r in outcome.records],
+            telemetry=telemetry,
+        )
+        return trial

@@ -1,0 +1,535 @@
+"""Metric definitions: the one place every reported number is computed from request records.
+
+Each function's docstring states its formula. All times are seconds, relative to the run origin
+(see :mod:`pytest_llmperf.records`). Latencies start at ``scheduled_s``, not ``sent_s``, so a
+client that fell behind its schedule cannot hide queueing (coordinated omission).
+
+Only records with ``phase == "measure"`` enter the statistics; warm-up records are counted and
+otherwise ignored. Failed and cancelled requests never vanish: they stay in ``requests``,
+``error_rate`` and ``attainment``, and they are not good requests, so they lower goodput.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from pytest_llmperf.records import PHASE_MEASURE, PHASE_WARMUP, RequestRecord
+
+if TYPE_CHECKING:
+    from pytest_llmperf.objectives import SLO
+
+METRICS = ("ttft", "ttfvt", "tpot", "itl", "e2e")
+STATS = ("p50", "p90", "p95", "p99", "mean", "max")
+_PERCENTILES = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0}
+TOKEN_SOURCES = ("usage", "counted")
+PHASES = (PHASE_WARMUP, PHASE_MEASURE)
+
+# Validity thresholds. A run that breaks one measured the client, not the server, so it is
+# reported as invalid instead of being judged.
+DISPATCH_LAG_P99_MAX_S = 0.025
+# p99 of the loop's wake-up lateness, not its single worst stall: one GC pause or scheduler
+# hiccup must not void a run, a loop that is systematically late must.
+LOOP_LAG_P99_MAX_S = 0.025
+LITTLES_RATIO_BOUNDS = (0.8, 1.25)
+# Below this many completions the ratio's boundary terms dominate and it would flag healthy runs.
+LITTLES_MIN_COMPLETED = 20
+
+
+def _opt_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _picked(cls: type, data: Mapping[str, Any], what: str) -> dict[str, Any]:
+    """The fields of ``cls`` out of ``data``; missing ones are an error, unknown ones are ignored
+    so a file written by a newer version that added fields still loads."""
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{what}: expected a mapping, got {type(data).__name__}")
+    names = [f.name for f in fields(cls)]
+    missing = [n for n in names if n not in data]
+    if missing:
+        raise ValueError(f"{what}: missing key(s) {', '.join(missing)}")
+    return {n: data[n] for n in names}
+
+
+def sample_stat(values: np.ndarray, stat: str) -> float:
+    """One statistic of a non-empty sample: ``p50/p90/p95/p99`` (numpy's default linear
+    interpolation), ``mean``, ``min`` or ``max``."""
+    if stat in _PERCENTILES:
+        return float(np.percentile(values, _PERCENTILES[stat]))
+    if stat == "mean":
+        return float(np.mean(values))
+    if stat == "min":
+        return float(np.min(values))
+    if stat == "max":
+        return float(np.max(values))
+    raise ValueError(f"unknown statistic {stat!r}; valid: {', '.join(STATS + ('min',))}")
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """Summary statistics of one metric's samples, in seconds.
+
+    Percentiles use numpy's default method (linear interpolation between order statistics).
+    With no samples ``count`` is 0 and every other field is None (never NaN), so the JSON form
+    stays valid and a reader cannot mistake "no data" for a number.
+    """
+
+    count: int = 0
+    mean: float | None = None
+    min: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+    max: float | None = None
+
+    @classmethod
+    def from_values(cls, values: Iterable[float] | np.ndarray) -> "Distribution":
+        """Statistics of ``values``; NaN entries mean "no value" and are dropped."""
+        arr = np.asarray(list(values) if not isinstance(values, np.ndarray) else values, dtype=float)
+        arr = arr.ravel()
+        arr = arr[~np.isnan(arr)]
+        if arr.size == 0:
+            return cls()
+        if not np.all(np.isfinite(arr)):
+            raise ValueError("Distribution: samples must be finite (got an infinite value)")
+        p50, p90, p95, p99 = np.percentile(arr, [50.0, 90.0, 95.0, 99.0])
+        return cls(
+            count=int(arr.size),
+            mean=float(arr.mean()),
+            min=float(arr.min()),
+            p50=float(p50),
+            p90=float(p90),
+            p95=float(p95),
+            p99=float(p99),
+            max=float(arr.max()),
+        )
+
+    def stat(self, name: str) -> float | None:
+        """The named statistic (``p95``, ``mean``, ...); None when there were no samples."""
+        if name not in STATS and name != "min":
+            raise ValueError(f"unknown statistic {name!r}; valid: {', '.join(STATS + ('min',))}")
+        return getattr(self, name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Distribution":
+        raw = _picked(cls, data, "Distribution")
+        return cls(count=int(raw.pop("count")), **{k: _opt_float(v) for k, v in raw.items()})
+
+
+@dataclass(frozen=True)
+class Validity:
+    """Whether the client measured the server rather than itself.
+
+    - ``dispatch_lag_*``: percentiles of ``sent_s - scheduled_s`` over measured requests;
+      invalid when p99 > 10 ms (the load generator could not keep its schedule).
+    - ``loop_lag_p99_s``: the 99th percentile of the client event loop's wake-up lag, as reported by the load
+      generator; invalid when > 50 ms (timestamps were taken late).
+    - ``littles_law_ratio``: see :func:`littles_law_ratio`; invalid outside [0.8, 1.25] once at
+      least 20 requests completed.
+    """
+
+    dispatch_lag_p50_s: float | None = None
+    dispatch_lag_p99_s: float | None = None
+    loop_lag_p99_s: float | None = None
+    littles_law_ratio: float | None = None
+    valid: bool = True
+    reasons: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["reasons"] = list(self.reasons)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Validity":
+        raw = _picked(cls, data, "Validity")
+        return cls(
+            dispatch_lag_p50_s=_opt_float(raw["dispatch_lag_p50_s"]),
+            dispatch_lag_p99_s=_opt_float(raw["dispatch_lag_p99_s"]),
+            loop_lag_p99_s=_opt_float(raw["loop_lag_p99_s"]),
+            littles_law_ratio=_opt_float(raw["littles_law_ratio"]),
+            valid=bool(raw["valid"]),
+            reasons=[str(r) for r in raw["reasons"]],
+        )
+
+
+_DIST_FIELDS = ("ttft_s", "ttfvt_s", "tpot_s", "itl_s", "e2e_s")
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Everything one run measured. Counts are over measured (non-warm-up) requests.
+
+    - ``requests = completed + failed + cancelled``; ``error_rate = failed / requests``
+      (cancelled requests, still in flight at the hard deadline, are not server errors).
+    - ``window_s = window_end_s - window_start_s``: the given measurement window, else first
+      measured ``scheduled_s`` to last measured ``end_s``.
+    - ``*_throughput_* = tokens (or completed requests) of successful requests / window_s``.
+    - ``goodput_rps = good_requests / window_s``; a request is good when it succeeded and met every
+      per-request threshold of the SLO (:meth:`SLO.is_good`); with no SLO every success is good.
+    - ``attainment = good_requests / requests`` (failed and cancelled stay in the denominator).
+    - Latency distributions cover successful requests only.
+    - With zero measured requests every rate is 0.0 and every distribution is empty.
+    """
+
+    requests: int
+    completed: int
+    failed: int
+    cancelled: int
+    errors_by_kind: dict[str, int]
+    error_rate: float
+    window_s: float
+    window_start_s: float
+    window_end_s: float
+    ttft_s: Distribution
+    ttfvt_s: Distribution
+    tpot_s: Distribution
+    itl_s: Distribution
+    e2e_s: Distribution
+    input_tokens_total: int
+    output_tokens_total: int
+    input_throughput_tps: float
+    output_throughput_tps: float
+    request_throughput_rps: float
+    good_requests: int
+    goodput_rps: float
+    attainment: float
+    token_source: str
+    validity: Validity
+    warmup_requests: int
+    request_types: list[str]
+    by_type: dict[str, "Summary"] = field(default_factory=dict)
+
+    def distribution(self, metric: str) -> Distribution:
+        """The distribution of ``metric`` (``ttft``, ``ttfvt``, ``tpot``, ``itl``, ``e2e``)."""
+        if metric not in METRICS:
+            raise ValueError(f"unknown metric {metric!r}; valid: {', '.join(METRICS)}")
+        return getattr(self, f"{metric}_s")
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, (Distribution, Validity)):
+                value = value.to_dict()
+            elif f.name == "by_type":
+                value = {k: v.to_dict() for k, v in value.items()}
+            elif isinstance(value, dict):
+                value = dict(value)
+            elif isinstance(value, list):
+                value = list(value)
+            out[f.name] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Summary":
+        raw = _picked(cls, data, "Summary")
+        for name in _DIST_FIELDS:
+            raw[name] = Distribution.from_dict(raw[name])
+        raw["validity"] = Validity.from_dict(raw["validity"])
+        raw["by_type"] = {str(k): cls.from_dict(v) for k, v in (raw["by_type"] or {}).items()}
+        raw["errors_by_kind"] = {str(k): int(v) for k, v in raw["errors_by_kind"].items()}
+        raw["request_types"] = [str(t) for t in raw["request_types"]]
+        for name in ("requests", "completed", "failed", "cancelled", "input_tokens_total",
+                     "output_tokens_total", "good_requests", "warmup_requests"):
+            raw[name] = int(raw[name])
+        for name in ("error_rate", "window_s", "window_start_s", "window_end_s",
+                     "input_throughput_tps", "output_throughput_tps", "request_throughput_rps",
+                     "goodput_rps", "attainment"):
+            raw[name] = float(raw[name])
+        return cls(**raw)
+
+
+# ---------------------------------------------------------------------- per-request metrics
+
+
+def request_itl_s(record: RequestRecord) -> np.ndarray:
+    """Inter-token latency samples of one request.
+
+    For consecutive token-bearing chunks i-1, i (``chunk_tokens[i] = k_i > 0``)::
+
+        sample = (chunk_times_s[i] - chunk_times_s[i-1]) / k_i,  repeated round(k_i) times (>= 1)
+
+    so a 3-token chunk arriving 30 ms after the previous one gives three 10 ms samples instead of
+    one 30 ms gap. The first chunk has no predecessor (its wait is TTFT). Records with an empty
+    ``chunk_tokens`` are read as one token per chunk.
+    """
+    times = np.asarray(record.chunk_times_s, dtype=float)
+    if record.chunk_tokens:
+        tokens = np.asarray(record.chunk_tokens, dtype=float)
+        if tokens.shape != times.shape:
+            raise ValueError(
+                f"record {record.index}: chunk_tokens has {tokens.size} entries but chunk_times_s "
+                f"has {times.size}; they must pair up one per chunk"
+            )
+    else:
+        tokens = np.ones_like(times)
+    bearing = tokens > 0
+    times, tokens = times[bearing], tokens[bearing]
+    if times.size < 2:
+        return np.empty(0)
+    gaps = np.diff(times)
+    if np.any(gaps < 0):
+        raise ValueError(f"record {record.index}: chunk_times_s must be non-decreasing")
+    later = tokens[1:]
+    repeats = np.maximum(1, np.rint(later).astype(int))
+    return np.repeat(gaps / later, repeats)
+
+
+def _record_output_tokens(record: RequestRecord) -> int:
+    # Usage is authoritative; a record without it falls back to the per-chunk attribution.
+    if record.output_tokens is not None:
+        return int(record.output_tokens)
+    return int(round(sum(record.chunk_tokens))) if record.chunk_tokens else len(record.chunk_times_s)
+
+
+def _is_cancelled(record: RequestRecord) -> bool:
+    return not record.ok and record.error_kind == "cancelled"
+
+
+def _check_records(records: Sequence[RequestRecord]) -> None:
+    for r in records:
+        if r.phase not in PHASES:
+            raise ValueError(
+                f"record {r.index}: unknown phase {r.phase!r}; valid: {', '.join(PHASES)}"
+            )
+        if r.token_source not in TOKEN_SOURCES:
+            raise ValueError(
+                f"record {r.index}: unknown token_source {r.token_source!r}; "
+                f"valid: {', '.join(TOKEN_SOURCES)}"
+            )
+
+
+def _measured(records: Sequence[RequestRecord]) -> list[RequestRecord]:
+    return [r for r in records if r.phase == PHASE_MEASURE]
+
+
+def per_request_samples(
+    records: Sequence[RequestRecord], *, slo: "SLO | None" = None
+) -> dict[str, np.ndarray]:
+    """Raw per-request arrays over measured requests, in scheduled order (ties by index), for
+    baseline comparison (block bootstrap over the request sequence).
+
+    Keys: ``scheduled_s``; ``ttft_s``, ``ttfvt_s``, ``tpot_s``, ``e2e_s`` and ``output_tokens``
+    (float; NaN for failed or cancelled requests and where the value is undefined, e.g. TPOT
+    of a one-token answer); ``ok`` and ``good`` (int 0/1, good as in :meth:`SLO.is_good`).
+    """
+    _check_records(records)
+    measured = sorted(_measured(records), key=lambda r: (r.scheduled_s, r.index))
+    nan = math.nan
+
+    def column(get: Any) -> np.ndarray:
+        values = [get(r) if r.ok else None for r in measured]
+        return np.array([nan if v is None else float(v) for v in values], dtype=float)
+
+    return {
+        "scheduled_s": np.array([r.scheduled_s for r in measured], dtype=float),
+        "ttft_s": column(lambda r: r.ttft_s),
+        "ttfvt_s": column(lambda r: r.ttfvt_s),
+        "tpot_s": column(lambda r: r.tpot_s),
+        "e2e_s": column(lambda r: r.e2e_s),
+        "output_tokens": column(_record_output_tokens),
+        "ok": np.array([int(r.ok) for r in measured], dtype=np.int64),
+        "good": np.array([int(_is_good(r, slo)) for r in measured], dtype=np.int64),
+    }
+
+
+def _is_good(record: RequestRecord, slo: "SLO | None") -> bool:
+    if slo is None:
+        return record.ok
+    return slo.is_good(record)
+
+
+# ---------------------------------------------------------------------- run-level metrics
+
+
+def littles_law_ratio(
+    records: Sequence[RequestRecord], start_s: float, end_s: float
+) -> float | None:
+    """Little's-law cross-check ``L / (lambda * W)`` over the window [start_s, end_s], T = end - start.
+
+    - ``L = (1/T) * integral over the window of N(t) dt``, N(t) = number of requests with
+      ``sent_s <= t < end_s`` (a request with no ``end_s`` counts as in flight to the window end);
+      this is the mean number of requests in flight.
+    - ``lambda = D / T``, D = requests that left the system (``end_s`` set, any outcome: a failed
+      request held its slot just like a successful one).
+    - ``W = mean(end_s - sent_s)`` over those D requests.
+
+    For a run in steady state the ratio is about 1. It drifts below 1 when the system is
+    backlogged (requests pile up beyond the window), and above 1 when requests hang without
+    ending. None when nothing ended or the window is empty.
+    """
+    span = end_s - start_s
+    ended = [r for r in records if r.end_s is not None]
+    if span <= 0 or not ended:
+        return None
+    busy_s = 0.0
+    for r in records:
+        leave = end_s if r.end_s is None else min(r.end_s, end_s)
+        busy_s += max(0.0, leave - max(r.sent_s, start_s))
+    mean_in_flight = busy_s / span
+    departure_rate = len(ended) / span
+    mean_sojourn_s = float(np.mean([r.end_s - r.sent_s for r in ended]))  # type: ignore[operator]
+    expected = departure_rate * mean_sojourn_s
+    if expected <= 0:
+        return None
+    return mean_in_flight / expected
+
+
+def _validity(
+    measured: Sequence[RequestRecord],
+    completed: int,
+    start_s: float,
+    end_s: float,
+    loop_lag_p99_s: float | None,
+) -> Validity:
+    reasons: list[str] = []
+    lag_p50 = lag_p99 = None
+    if measured:
+        lags = np.array([r.dispatch_lag_s for r in measured], dtype=float)
+        lag_p50, lag_p99 = (float(x) for x in np.percentile(lags, [50.0, 99.0]))
+        if lag_p99 > DISPATCH_LAG_P99_MAX_S:
+            reasons.append(
+                f"dispatch lag p99 {lag_p99 * 1e3:.1f} ms > {DISPATCH_LAG_P99_MAX_S * 1e3:.0f} ms: "
+                "the load generator could not keep its schedule"
+            )
+    else:
+        reasons.append("no measured requests")
+    if loop_lag_p99_s is not None and loop_lag_p99_s > LOOP_LAG_P99_MAX_S:
+        reasons.append(
+            f"client event-loop lag p99 {loop_lag_p99_s * 1e3:.1f} ms > {LOOP_LAG_P99_MAX_S * 1e3:.0f} ms: "
+            "timestamps were taken late"
+        )
+    ratio = littles_law_ratio(measured, start_s, end_s)
+    low, high = LITTLES_RATIO_BOUNDS
+    if ratio is not None and completed >= LITTLES_MIN_COMPLETED and not low <= ratio <= high:
+        reasons.append(
+            f"Little's-law ratio {ratio:.2f} outside [{low}, {high}]: mean in-flight does not match "
+            "departure rate x mean latency (not in steady state, or requests hung)"
+        )
+    return Validity(
+        dispatch_lag_p50_s=lag_p50,
+        dispatch_lag_p99_s=lag_p99,
+        loop_lag_p99_s=None if loop_lag_p99_s is None else float(loop_lag_p99_s),
+        littles_law_ratio=ratio,
+        valid=not reasons,
+        reasons=reasons,
+    )
+
+
+def _window(measured: Sequence[RequestRecord], window_s: tuple[float, float] | None) -> tuple[float, float]:
+    if window_s is not None:
+        try:
+            start, end = (float(x) for x in window_s)
+        except (TypeError, ValueError):
+            raise ValueError(f"window_s must be a (start_s, end_s) pair, got {window_s!r}") from None
+        if not (math.isfinite(start) and math.isfinite(end) and end > start):
+            raise ValueError(f"window_s must be finite with end > start, got {window_s!r}")
+        return start, end
+    if not measured:
+        return 0.0, 0.0
+    start = min(r.scheduled_s for r in measured)
+    ends = [r.end_s for r in measured if r.end_s is not None]
+    end = max(ends) if ends else max(r.sent_s for r in measured)
+    return float(start), float(max(end, start))
+
+
+def _rate(count: float, span_s: float) -> float:
+    return float(count) / span_s if span_s > 0 else 0.0
+
+
+def summarize(
+    records: Sequence[RequestRecord],
+    *,
+    slo: "SLO | None" = None,
+    window_s: tuple[float, float] | None = None,
+    loop_lag_p99_s: float | None = None,
+) -> Summary:
+    """Summarize one run (see :class:`Summary` for the definitions).
+
+    ``window_s`` is the measurement window ``(start_s, end_s)`` on the run clock, normally the
+    measurement phase the load generator ran; without it the window spans the measured requests.
+    ``loop_lag_p99_s`` is the 99th percentile of the client event loop's wake-up lag, for validity. When
+    measured requests have more than one ``request_type``, ``by_type`` holds one summary per
+    type over the same window.
+    """
+    if loop_lag_p99_s is not None and not (
+        isinstance(loop_lag_p99_s, (int, float)) and math.isfinite(loop_lag_p99_s) and loop_lag_p99_s >= 0
+    ):
+        raise ValueError(f"loop_lag_p99_s must be a non-negative number, got {loop_lag_p99_s!r}")
+    _check_records(records)
+    return _summarize(records, slo, window_s, loop_lag_p99_s, split_types=True)
+
+
+def _summarize(
+    records: Sequence[RequestRecord],
+    slo: "SLO | None",
+    window_s: tuple[float, float] | None,
+    loop_lag_p99_s: float | None,
+    split_types: bool,
+) -> Summary:
+    measured = _measured(records)
+    start, end = _window(measured, window_s)
+    span = end - start
+    succeeded = [r for r in measured if r.ok]
+    cancelled = sum(1 for r in measured if _is_cancelled(r))
+    failed = [r for r in measured if not r.ok and not _is_cancelled(r)]
+    errors = Counter(r.error_kind or "unknown" for r in failed)
+    good = sum(1 for r in measured if _is_good(r, slo))
+    requests = len(measured)
+
+    def dist(values: Iterable[float | None]) -> Distribution:
+        return Distribution.from_values([v for v in values if v is not None])
+
+    itl = [request_itl_s(r) for r in succeeded]
+    input_total = sum(int(r.prompt_tokens) for r in succeeded if r.prompt_tokens is not None)
+    output_total = sum(_record_output_tokens(r) for r in succeeded)
+    sources = {r.token_source for r in succeeded}
+    token_source = sources.pop() if len(sources) == 1 else ("mixed" if sources else "usage")
+    types = sorted({r.request_type for r in measured})
+    by_type: dict[str, Summary] = {}
+    if split_types and len(types) > 1:
+        # Same window for every type, so per-type throughputs add up to the total.
+        by_type = {
+            t: _summarize([r for r in records if r.request_type == t], slo, (start, end),
+                          loop_lag_p99_s, split_types=False)
+            for t in types
+        }
+    return Summary(
+        requests=requests,
+        completed=len(succeeded),
+        failed=len(failed),
+        cancelled=cancelled,
+        errors_by_kind=dict(sorted(errors.items())),
+        error_rate=_rate(len(failed), requests),
+        window_s=span,
+        window_start_s=start,
+        window_end_s=end,
+        ttft_s=dist(r.ttft_s for r in succeeded),
+        ttfvt_s=dist(r.ttfvt_s for r in succeeded),
+        tpot_s=dist(r.tpot_s for r in succeeded),
+        itl_s=Distribution.from_values(np.concatenate(itl) if itl else np.empty(0)),
+        e2e_s=dist(r.e2e_s for r in succeeded),
+        input_tokens_total=input_total,
+        output_tokens_total=output_total,
+        input_throughput_tps=_rate(input_total, span),
+        output_throughput_tps=_rate(output_total, span),
+        request_throughput_rps=_rate(len(succeeded), span),
+        good_requests=good,
+        goodput_rps=_rate(good, span),
+        attainment=_rate(good, requests),
+        token_source=token_source,
+        validity=_validity(measured, len(succeeded), start, end, loop_lag_p99_s),
+        warmup_requests=sum(1 for r in records if r.phase == PHASE_WARMUP),
+        request_types=types,
+        by_type=by_type,
+    )

@@ -1,0 +1,66 @@
+"""The pytest plugin (entry point ``pytest11: llmperf``): the only layer that imports pytest.
+
+Loading it must cost a repository without perf tests nothing noticeable, so this module and the
+modules it imports at load time (options, hooks, fixtures, hookspecs) import only pytest and the
+standard library; the measuring machinery (load generator, gate, reports) is imported when a
+collected test uses ``llmperf``/``llm_server`` or carries ``@slo``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_llmperf.cli.options import OPTIONS, OptionError, api_key_from_env, resolve
+from pytest_llmperf.plugin import hookspecs
+from pytest_llmperf.plugin.fixtures import llm_server, llmperf
+from pytest_llmperf.plugin.hooks import (
+    pytest_collection_modifyitems,
+    pytest_runtest_call,
+    pytest_runtest_makereport,
+    pytest_sessionfinish,
+    pytest_terminal_summary,
+    pytest_unconfigure,
+)
+from pytest_llmperf.plugin.state import OPTIONS_KEY, SLO_MARKER_HELP
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    pluginmanager.add_hookspecs(hookspecs)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("llmperf", "LLM inference performance (pytest-llmperf)")
+    for spec in OPTIONS:
+        help_text = f"{spec.help} (ini: {spec.ini})"
+        if spec.flag:
+            group.addoption(spec.cli, dest=spec.dest, action="store_true", default=None, help=help_text)
+            parser.addini(spec.ini, help=spec.help, type="bool", default=False)
+        else:
+            group.addoption(spec.cli, dest=spec.dest, default=None, choices=spec.choices,
+                            metavar=spec.name.split("-")[-1].upper(), help=help_text)
+            parser.addini(spec.ini, help=spec.help, default=None)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", SLO_MARKER_HELP)
+    try:
+        options = resolve(config.getoption, config.getini)
+        api_key_from_env(options.api_key_env, "--llmperf-api-key-env")  # fail before collecting
+    except OptionError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    config.stash[OPTIONS_KEY] = options
+
+
+__all__ = [
+    "llm_server",
+    "llmperf",
+    "pytest_addhooks",
+    "pytest_addoption",
+    "pytest_collection_modifyitems",
+    "pytest_configure",
+    "pytest_runtest_call",
+    "pytest_runtest_makereport",
+    "pytest_sessionfinish",
+    "pytest_terminal_summary",
+    "pytest_unconfigure",
+]

@@ -1,0 +1,109 @@
+"""The plugin's hook implementations. Cheap when a session has no perf tests: the measuring
+session (and everything heavy) is created only when a collected test uses ``llmperf`` or
+``llm_server`` or carries ``@slo``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Generator
+
+import pytest
+
+from pytest_llmperf.errors import LLMPerfError
+from pytest_llmperf.plugin.state import PERF_FIXTURES, PERF_KEY, SLO_KEY, existing_session, get_session
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    errors = []
+    perf = 0
+    for item in items:
+        markers = list(item.iter_markers("slo"))
+        uses = any(name in getattr(item, "fixturenames", ()) for name in PERF_FIXTURES)
+        if uses or markers:
+            perf += 1
+        if not markers:
+            continue
+        from pytest_llmperf.objectives import SLO, SLOError
+
+        slos = []
+        for marker in markers:
+            if marker.args:
+                errors.append(f"{item.nodeid}: @slo takes keyword arguments only, e.g. @slo(ttft_p95=1.0)")
+                continue
+            try:
+                slos.append(SLO.parse(marker.kwargs, source=f"@slo on {item.name}"))
+            except SLOError as exc:
+                errors.append(f"{item.nodeid}: {exc}")
+        item.stash[SLO_KEY] = slos
+    if errors:
+        raise pytest.UsageError("invalid slo marker:\n  " + "\n  ".join(errors))
+    if perf:
+        from pytest_llmperf.plugin.session import selected_tests
+
+        perf_session = get_session(config)
+        perf_session.check_report_dir()
+        perf_session.prepare_baselines(selected_tests(items))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    session = existing_session(config)
+    if session is not None:
+        session.close()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    perf = existing_session(session.config)
+    if perf is not None:
+        perf.finish(session, exitstatus)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if report.failed and call.excinfo is not None and call.excinfo.errisinstance(LLMPerfError):
+        # Bad input is a message for the user, not a traceback through the library's internals.
+        report.longrepr = _error_line(call.excinfo)
+    session = existing_session(item.config)
+    if session is not None and item.stash.get(PERF_KEY, None) is not None:
+        if report.when == "call" or (report.failed and report.when == "setup"):
+            outcome = "error" if report.when == "setup" else report.outcome
+            session.outcomes[item.nodeid] = outcome
+        elif report.failed and report.when == "teardown":
+            session.outcomes[item.nodeid] = "error"
+    return report
+
+
+def _error_line(excinfo: pytest.ExceptionInfo[BaseException]) -> str:
+    """``file:line: ErrorName: message`` at the innermost frame outside this package (the
+    user's line that passed the bad value)."""
+    package = Path(__file__).resolve().parent.parent
+    where = ""
+    for entry in reversed(excinfo.traceback):
+        path = Path(str(entry.path))
+        if path.suffix == ".py" and package not in path.resolve().parents:
+            try:
+                shown = path.resolve().relative_to(Path.cwd())
+            except ValueError:
+                shown = path
+            where = f"{shown}:{entry.lineno + 1}: "
+            break
+    return f"{where}{excinfo.typename}: {excinfo.value}"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    result = yield
+    perf = item.stash.get(PERF_KEY, None)
+    if perf is not None:
+        lines = perf.failures()
+        if lines:
+            pytest.fail("\n".join(lines), pytrace=False)
+    return result
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    session = existing_session(config)
+    if session is not None and (session.results or session.capacities):
+        from pytest_llmperf.plugin.summary import write_summary
+
+        write_summary(terminalreporter, session)

@@ -1,0 +1,226 @@
+"""What a test gets as ``llmperf``: ``run(workload)`` and ``capacity(workload)``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pytest_llmperf.baseline.compare import RunComparison
+from pytest_llmperf.baseline.schema import capacity_entry, fingerprint_for, run_entry
+from pytest_llmperf.capacity import CapacityResult
+from pytest_llmperf.load.runner import Runner
+from pytest_llmperf.objectives import SLO, SLOError, check
+from pytest_llmperf.plugin.progress import ProgressPrinter
+from pytest_llmperf.plugin.session import LLMPerfSession
+from pytest_llmperf.results import RunResult
+from pytest_llmperf.servers.manager import ServerInfo
+from pytest_llmperf.stats import DEFAULT_TRIALS
+from pytest_llmperf.workload import Workload
+
+
+class LLMPerf:
+    """Runs workloads against the session's server for one test.
+
+    Every result is kept; after the test body returns, any breached SLO fails the test with one
+    line per threshold (so a sweep checks every point, not only the last).
+    """
+
+    def __init__(self, session: LLMPerfSession, item: pytest.Item, slos: list[SLO]) -> None:
+        self._session = session
+        self._item = item
+        self.slos = slos
+        self.results: list[RunResult] = []
+        self.comparisons: list[RunComparison] = []
+        self.gate_errors: list[str] = []
+        self.notes: list[str] = []
+        self.cache_failures: list[str] = []
+        self.capacities: list[CapacityResult] = []
+
+    @property
+    def slo(self) -> SLO | None:
+        """The SLO without a request type: it defines which requests count as good (goodput)."""
+        for slo in self.slos:
+            if not slo.request_type:
+                return slo
+        return None
+
+    @property
+    def server(self) -> ServerInfo:
+        return self._session.server()
+
+    def _printer(self, label: str) -> ProgressPrinter:
+        return ProgressPrinter(self._session.config, label)
+
+    def run(self, workload: Workload, *, trials: int | None = None) -> RunResult:
+        if not isinstance(workload, Workload):
+            raise TypeError(f"llmperf.run expects a Workload, got {type(workload).__name__}")
+        opts = self._session.options
+        server = self.server
+        workload = workload.scaled(opts.duration_scale)
+        # A gate needs replicates: default to the calibrated trial count when saving or comparing
+        # (see stats.DEFAULT_TRIALS and benchmarks/gate_calibration.py), one trial otherwise.
+        gating_default = DEFAULT_TRIALS if (opts.save or opts.baseline) else 1
+        n_trials = trials or _marker_trials(self.slos) or workload.trials or opts.trials or gating_default
+        printer = self._printer(self._item.name)
+        runner = Runner(
+            server.base_url,
+            model=server.model,
+            api_key=self._session.api_key,
+            length_fields=server.length_fields,
+            metrics_url=server.metrics_url,
+            reset_cache_url=server.reset_cache_url,
+            progress=printer,
+            progress_interval_s=printer.interval_s,
+            workers=opts.workers if opts.workers > 1 else None,
+        )
+        try:
+            result = runner.run(workload, slo=self.slo, trials=n_trials)
+        finally:
+            printer.done()
+        checks = []
+        for slo in self.slos:
+            try:
+                checks.extend(check(result.summary, slo))
+            except SLOError as exc:
+                pytest.fail(f"llmperf: {exc}", pytrace=False)
+        result.slo_checks = checks
+        cache = result.cache_check
+        if cache is not None and cache.held is False:
+            # A warm/cold result that is not what it claims must not pass silently.
+            self.notes.append(cache.message)
+            self.cache_failures.append(f"cache state did not hold in {result.label}: {cache.message}")
+        key = f"{self._item.nodeid}#{len(self.results)}"
+        self.results.append(result)
+        self._session.results.append((self._item.nodeid, result))
+        self._record_properties(result)
+        self._session.slo_checks[key] = list(result.slo_checks)
+        fingerprint = fingerprint_for(result.workload, result.model, result.slo, server,
+                                      extra=self._session.fingerprint_extra(server))
+        self._judge(key, run_entry(result, fingerprint))
+        return result
+
+    def capacity(self, workload: Workload, *, slo_attainment: float | None = None, start_rps: float | None = None,
+                 step_s: float | None = None, warmup_s: float | None = None, growth: float = 2.0,
+                 precision: float = 0.05, max_steps: int = 12, min_rps: float | None = None,
+                 max_rps: float | None = None) -> CapacityResult:
+        """Highest arrival rate at which the test's SLO attainment holds (see capacity.py).
+
+        Steps last ``step_s`` (default: the workload's ``duration_s``, else 20 s) after
+        ``warmup_s`` (default: the workload's, else a quarter step), both scaled by
+        ``--llmperf-duration-scale``. ``slo_attainment`` defaults to the SLO's
+        ``attainment_min``, else 0.95. Returns a CapacityResult, also kept in ``capacities``.
+        """
+        from pytest_llmperf.capacity import SearchPlan, default_attainment, search
+        from pytest_llmperf.load.loadgen import OverloadGuard
+
+        if not isinstance(workload, Workload):
+            raise TypeError(f"llmperf.capacity expects a Workload, got {type(workload).__name__}")
+        opts = self._session.options
+        server = self.server
+        step = (step_s if step_s is not None else workload.duration_s or 20.0) * opts.duration_scale
+        warm = (warmup_s if warmup_s is not None else workload.warmup_s or step / 4) * opts.duration_scale
+        plan = SearchPlan(start_rps=start_rps or workload.rate_rps or 1.0,
+                          slo_attainment=default_attainment(self.slo, slo_attainment), step_s=step,
+                          warmup_s=warm, growth=growth, precision=precision, max_steps=max_steps,
+                          min_rps=min_rps, max_rps=max_rps)
+        printer = self._printer(f"{self._item.name} capacity")
+        runner = Runner(server.base_url, model=server.model, api_key=self._session.api_key,
+                        length_fields=server.length_fields, progress=printer,
+                        progress_interval_s=printer.interval_s, workers=opts.workers, overload=OverloadGuard())
+        try:
+            result = search(workload, lambda w: runner.run(w, slo=self.slo), plan)
+        finally:
+            printer.done()
+        self.capacities.append(result)
+        self._session.capacities.append((self._item.nodeid, result))
+        n = len(self.capacities)
+        prefix = "llmperf.capacity" if n == 1 else f"llmperf.capacity{n}"
+        self._item.user_properties.append((f"{prefix}_rps", result.capacity_rps))
+        fingerprint = fingerprint_for(workload, server.model, self.slo, server,
+                                      extra=self._session.fingerprint_extra(server))
+        entry = capacity_entry(result, fingerprint, f"capacity {workload.label()}", slo=self.slo)
+        self._judge(f"{self._item.nodeid}#capacity{n - 1}", entry)
+        return result
+
+    def _judge(self, key: str, entry: Any) -> None:
+        comparison, message = self._session.record(key, entry)
+        if comparison is not None:
+            self.comparisons.append(comparison)
+        elif message is not None:
+            if key in self._session.gate_errors:
+                self.gate_errors.append(message)
+            else:
+                self.notes.append(message)
+
+    def _record_properties(self, result: RunResult) -> None:
+        s = result.summary
+        n = len(self.results)
+        prefix = "llmperf" if n == 1 else f"llmperf{n}"
+        props = {
+            "workload": result.label,
+            "requests": s.requests,
+            "errors": s.failed,
+            "ttft_p95_s": s.ttft_s.p95,
+            "tpot_p95_s": s.tpot_s.p95,
+            "output_tps": round(s.output_throughput_tps, 3),
+            "goodput_rps": round(s.goodput_rps, 4),
+        }
+        for key, value in props.items():
+            self._item.user_properties.append((f"{prefix}.{key}", value))
+
+    def failures(self) -> list[str]:
+        lines = []
+        for i, result in enumerate(self.results):
+            bad = [c for c in result.slo_checks if not c.passed]
+            if not bad:
+                continue
+            where = f"run {i + 1} ({result.label})" if len(self.results) > 1 else result.label
+            lines.append(f"SLO breached in {where}:")
+            lines.extend(f"  {c.message}" for c in bad)
+            digest = failed_requests(result)
+            if digest:
+                lines.append(f"  {digest}")
+        strict = self._session.options.strict
+        for comparison in self.comparisons:
+            bad = comparison.regressions(strict)
+            if bad:
+                lines.append(f"performance regressed against baseline {self._session.options.baseline!r} in {comparison.label}:")
+                lines.extend(f"  {c.verdict.value.upper()}: {c.message()}" for c in bad)
+        lines.extend(self.gate_errors)
+        lines.extend(self.cache_failures)
+        if strict and self.notes:
+            lines.extend(f"{note} (--llmperf-strict)" for note in self.notes)
+        if lines:
+            info = self._session.servers.info
+            if info is not None and not info.alive() and info.process is not None:
+                tail = "\n".join("    " + ln for ln in info.process.log_tail(20))
+                lines.append(f"  the server exited during the run (code {info.process.exited_code()}); log tail:\n{tail}")
+        return lines
+
+
+def failed_requests(result: RunResult) -> str | None:
+    """One line naming why requests failed (kinds and the first detail): an error rate alone
+    does not tell a 429 from a dead server."""
+    s = result.summary
+    if not s.failed and not s.cancelled:
+        return None
+    cancelled = f"{s.cancelled} still in flight at the run's deadline (cancelled)" if s.cancelled else ""
+    if not s.failed:
+        return f"{cancelled} of {s.requests} measured requests"
+    kinds = ", ".join(f"{kind} x{n}" for kind, n in s.errors_by_kind.items())
+    failed = [r for r in result.records if not r.ok and r.error_kind != "cancelled" and r.error_detail]
+    failed.sort(key=lambda r: r.phase != "measure")
+    first = f"; first: {failed[0].error_detail}" if failed else ""
+    also = f"; {cancelled}" if cancelled else ""
+    return f"{s.failed} of {s.requests} measured requests failed ({kinds}){first}{also}"
+
+
+def _marker_trials(slos: list[SLO]) -> int | None:
+    for slo in slos:
+        if getattr(slo, "trials", None):
+            return slo.trials
+    return None
+
+
+__all__ = ["LLMPerf", "failed_requests"]

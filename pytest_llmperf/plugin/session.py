@@ -1,0 +1,258 @@
+"""The measuring session behind the plugin: the server, the baseline gate, what was measured and
+the reports; built on first use by :func:`pytest_llmperf.plugin.state.get_session`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from typing import Any
+
+import pytest
+
+from pytest_llmperf.baseline.gate import GateSession, GateSettings, pool_history
+from pytest_llmperf.baseline.schema import SavedEntry, session_document
+from pytest_llmperf.baseline.store import BaselineMissing, BaselineStore, StoreError, validate_name
+from pytest_llmperf.capacity import CapacityResult
+from pytest_llmperf.cli.options import LLMPerfOptions, OptionError, api_key_from_env
+from pytest_llmperf.fingerprint import FingerprintMismatch
+from pytest_llmperf.objectives import SLOCheck
+from pytest_llmperf.results import RunResult
+from pytest_llmperf.servers.manager import ServerConfig, ServerInfo, ServerManager, ServerUnavailable
+from pytest_llmperf.servers.process import ProcessReaper
+from pytest_llmperf.stats import Comparison
+
+
+class LLMPerfSession:
+    """Per-pytest-session state, kept in ``config.stash`` (no module globals)."""
+
+    def __init__(self, config: pytest.Config, options: LLMPerfOptions) -> None:
+        self.config = config
+        self.options = options
+        self.reaper = ProcessReaper()
+        try:
+            api_key = api_key_from_env(options.api_key_env, "--llmperf-api-key-env")
+        except OptionError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        self.api_key = api_key
+        self.servers = ServerManager(
+            ServerConfig(
+                preset=options.server,
+                url=options.url,
+                model=options.model,
+                command=options.server_cmd,
+                server_args=options.server_args,
+                sim_preset=options.sim_preset,
+                sim_args=options.sim_args,
+                health_path=options.health_path,
+                api_key=api_key,
+                startup_timeout_s=options.startup_timeout,
+                log_dir=options.report_path,
+            ),
+            reaper=self.reaper,
+        )
+        self.results: list[tuple[str, RunResult]] = []
+        self.capacities: list[tuple[str, CapacityResult]] = []
+        self.store = BaselineStore(options.store, keep=options.keep) if (options.save or options.baseline) else None
+        self.gate: GateSession | None = None  # set when a baseline was found
+        self.baseline_source: str | None = None
+        self.entries: dict[str, SavedEntry] = {}
+        self.late_regressions: list[str] = []
+        self.saved_path: str | None = None
+        self.save_error: str | None = None
+        self.slo_checks: dict[str, list[SLOCheck]] = {}
+        self.gate_errors: dict[str, str] = {}
+        self.outcomes: dict[str, str] = {}
+        self.report_paths: list[str] = []
+        self.report_error: str | None = None
+        # Before the reaper, which stops the servers first and then chains to this handler.
+        self.sigterm_installed = _install_sigterm()
+        self.reaper.install()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def close(self) -> None:
+        try:
+            self.servers.stop()
+        finally:
+            self.reaper.stop_all()
+            self.reaper.uninstall()
+            if self.sigterm_installed:
+                _uninstall_sigterm()
+
+    def server(self) -> ServerInfo:
+        try:
+            return self.servers.get()
+        except ServerUnavailable as exc:
+            message = str(exc)
+        # Outside the except block, so pytest shows the message once, without a chained traceback.
+        pytest.fail(f"llmperf: {message}", pytrace=False)
+
+    def check_report_dir(self) -> None:
+        path = self.options.report_path
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            probe = path / f".write-probe-{os.getpid()}"
+            probe.write_text("")
+            probe.unlink()
+        except OSError as exc:
+            raise pytest.UsageError(
+                f"--llmperf-report-dir {path}: cannot write there ({exc.strerror or exc}); "
+                "choose a writable directory"
+            ) from None
+
+    def prepare_baselines(self, selected_tests: set[str]) -> None:
+        """Check the save target and read the baseline once, before any load is generated; a bad
+        file stops the session."""
+        if self.store is None:
+            return
+        opts = self.options
+        if opts.save:
+            try:
+                validate_name(opts.save)  # a bad name must not wait for the end of the run
+            except StoreError as exc:
+                raise pytest.UsageError(f"--llmperf-save {opts.save}: {exc}") from None
+            try:
+                self.store.check_writable()
+            except StoreError as exc:
+                raise pytest.UsageError(f"--llmperf-save {opts.save}: {exc} with --llmperf-store DIR") from None
+        if not opts.baseline:
+            return
+        try:
+            runs = self.store.history(opts.baseline, limit=opts.pool)
+        except BaselineMissing:
+            return
+        except StoreError as exc:
+            raise pytest.UsageError(f"--llmperf-baseline {opts.baseline}: {exc}") from None
+        if not runs:
+            return
+        self.baseline_source = str(runs[0].path)
+        settings = GateSettings(tolerance=opts.tolerance, alpha=opts.alpha, allow=tuple(opts.allowed_diffs),
+                                strict=opts.strict)
+        self.gate = GateSession(pool_history(run.run.get("tests") or {} for run in runs), settings)
+        self.gate.plan(lambda nodeid: nodeid in selected_tests)
+
+    # ------------------------------------------------------------------ gating
+
+    def record(self, key: str, entry: SavedEntry) -> tuple[Any, str | None]:
+        """Keep an entry for the reports and a save; against a baseline, judge it. Returns the
+        comparison (None when not compared) and a note or gate error message."""
+        self.entries[key] = entry
+        name = self.options.baseline
+        if not name:
+            return None, None
+        if self.gate is None:
+            return None, f"no baseline for {key} in {name!r}"
+        try:
+            comparison = self.gate.judge(key, entry)
+        except FingerprintMismatch as exc:
+            message = f"baseline {name!r} not comparable: {exc}"
+            self.gate_errors[key] = message
+            return None, message
+        if comparison is None:
+            return None, f"no baseline for {key} in {name!r}"
+        return comparison, None
+
+    @property
+    def comparisons(self) -> list[Any]:
+        return list(self.gate.runs) if self.gate is not None else []
+
+    @property
+    def missing_baseline(self) -> list[str]:
+        if self.gate is None:
+            return list(self.entries) if self.options.baseline else []
+        return list(self.gate.missing)
+
+    def fingerprint_extra(self, server: ServerInfo) -> dict[str, Any]:
+        extra: dict[str, Any] = {}
+        for result in self.config.hook.pytest_llmperf_fingerprint_extra(config=self.config, server=server):
+            for key, value in (result or {}).items():
+                extra.setdefault(str(key), value)
+        return extra
+
+    # ------------------------------------------------------------------ the end
+
+    def finish(self, session: pytest.Session, exitstatus: int) -> None:
+        if self.gate is not None:
+            newly: list[Comparison] = self.gate.finish()
+            if newly and session.exitstatus == 0:
+                # Holm over the whole session finds what the per-test Bonferroni bound could not.
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
+                self.late_regressions = [c.message() for c in newly]
+        if self.entries:
+            self.write_reports()
+        if self.options.save and self.entries and exitstatus != pytest.ExitCode.INTERRUPTED:
+            assert self.store is not None
+            try:
+                path = self.store.save(self.options.save, session_document(self.entries))
+                self.saved_path = str(path)
+            except StoreError as exc:
+                self.save_error = str(exc)
+                session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
+
+    def document(self) -> dict[str, Any]:
+        from pytest_llmperf.report.document import build_document
+
+        info = self.servers.info
+        server = None
+        if info is not None:
+            server = {"preset": info.preset, "version": info.version, "model": info.model,
+                      "base_url": info.base_url, "startup_s": info.startup_s, "launched": info.launched}
+        gate = self.gate
+        return build_document(
+            self.entries,
+            baseline=gate.baseline if gate is not None else None,
+            comparisons=gate.by_key() if gate is not None else {},
+            slo_checks=self.slo_checks,
+            gate_errors=self.gate_errors,
+            outcomes=self.outcomes,
+            server=server,
+            baseline_name=self.options.baseline,
+            baseline_source=self.baseline_source,
+            strict=self.options.strict,
+        )
+
+    def write_reports(self) -> None:
+        from pytest_llmperf.report.writers import write_reports
+
+        doc = self.document()
+        step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+        try:
+            paths = write_reports(doc, self.options.report_path, github_step_summary=step_summary or None)
+            self.report_paths = [str(p) for p in paths]
+        except OSError as exc:
+            self.report_error = f"could not write reports to {self.options.report_path}: {exc}"
+        except Exception as exc:  # noqa: BLE001 - a report bug must not cost the baseline saved after it
+            self.report_error = (f"could not write reports to {self.options.report_path}: "
+                                 f"{type(exc).__name__}: {exc} (a pytest-llmperf bug: please report it)")
+        self.config.hook.pytest_llmperf_report(config=self.config, document=doc)
+
+
+def selected_tests(items: list[pytest.Item]) -> set[str]:
+    return {item.nodeid for item in items}
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a CI job cancelled, ``timeout``) taken as an interruption, so pytest unwinds in
+    order: servers are stopped, reports keep what was measured, no baseline is saved."""
+
+
+def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
+    raise Terminated(f"received {signal.Signals(signum).name}: stopped; reports keep the runs measured so far, "
+                     "no baseline was saved")
+
+
+def _install_sigterm() -> bool:
+    # Only where SIGTERM still has its default action: a handler someone else installed wins.
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+        return True
+    return False
+
+
+def _uninstall_sigterm() -> None:
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == _sigterm_as_interrupt:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+__all__ = ["LLMPerfSession", "Terminated", "selected_tests"]

@@ -1,0 +1,81 @@
+"""The ``llmperf summary`` section of pytest's terminal report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pytest_llmperf.baseline.compare import headline
+from pytest_llmperf.formatting import fmt_s, table
+from pytest_llmperf.plugin.perf import failed_requests
+from pytest_llmperf.plugin.session import LLMPerfSession
+
+
+def write_summary(tr: Any, session: LLMPerfSession) -> None:
+    tr.write_sep("=", "llmperf summary")
+    info = session.servers.info
+    if info is not None:
+        tr.write_line(f"server: {info.describe()}")
+    rows = []
+    notes = []
+    for nodeid, result in session.results:
+        s = result.summary
+        checks = result.slo_checks
+        status = "-" if not checks else ("PASS" if all(c.passed for c in checks) else "FAIL")
+        if not s.validity.valid:
+            status += " (invalid run)"
+            notes.append(f"{nodeid.split('::')[-1]}: invalid run: {'; '.join(s.validity.reasons)}")
+        digest = failed_requests(result)
+        if digest:
+            notes.append(f"{nodeid.split('::')[-1]}: {digest}")
+        rows.append([
+            nodeid.split("::")[-1],
+            result.label,
+            f"{s.completed}/{s.requests}",
+            fmt_s(s.ttft_s.p50), fmt_s(s.ttft_s.p95),
+            fmt_s(s.tpot_s.p50), fmt_s(s.tpot_s.p95),
+            f"{s.output_throughput_tps:.0f}",
+            f"{s.goodput_rps:.2f}",
+            status,
+        ])
+    if rows:
+        tr.write_line(table(
+            ["test", "workload", "ok/req", "TTFT p50", "TTFT p95", "TPOT p50", "TPOT p95", "out tok/s", "goodput", "SLO"],
+            rows, left=2,
+        ))
+    for note in notes:
+        tr.write_line(note)
+    for nodeid, capacity in session.capacities:
+        tr.write_line(f"{nodeid.split('::')[-1]}: {capacity.describe()}")
+    _write_verdicts(tr, session)
+
+
+def _write_verdicts(tr: Any, session: LLMPerfSession) -> None:
+    opts = session.options
+    if opts.baseline:
+        if session.baseline_source is None:
+            tr.write_line(f"no baseline named {opts.baseline!r} in {opts.store}: run with --llmperf-save "
+                          f"{opts.baseline} first (e.g. on the main branch) to create it")
+        elif session.comparisons:
+            tr.write_sep("-", f"against baseline {opts.baseline!r}: {headline(session.comparisons)}")
+            rows = []
+            for comparison in session.comparisons:
+                for c in comparison.comparisons:
+                    rows.append([comparison.label, c.name, c.verdict.value.upper(),
+                                 c.message() if c.gated else f"{c.name}: {c.reason}"])
+            tr.write_line(table(["workload", "statistic", "verdict", "detail"], rows, left=4))
+        if session.missing_baseline:
+            tr.write_line(f"{len(session.missing_baseline)} run(s) had no counterpart in baseline "
+                          f"{opts.baseline!r} (not gated): " + ", ".join(session.missing_baseline[:5]))
+    for message in session.late_regressions:
+        tr.write_line(f"REGRESSED after Holm correction across the session: {message}")
+    if session.saved_path:
+        tr.write_line(f"saved baseline {opts.save!r}: {session.saved_path}")
+    if session.save_error:
+        tr.write_line(f"could not save baseline {opts.save!r}: {session.save_error}", red=True)
+    if session.report_paths:
+        names = [Path(p).name for p in session.report_paths if "/plots/" not in p.replace("\\", "/")]
+        plots = len(session.report_paths) - len(names)
+        tr.write_line(f"reports: {opts.report_path}/ ({', '.join(names)}{f', plots/ ({plots} files)' if plots else ''})")
+    if session.report_error:
+        tr.write_line(session.report_error, red=True)

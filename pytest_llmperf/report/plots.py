@@ -1,0 +1,348 @@
+"""Plots for the report directory (``plots/``), PNG and SVG; matplotlib is optional.
+
+* per test run: TTFT and TPOT distributions as empirical CDFs, candidate against baseline, from
+  the packed per-request samples of the run's trials (failed requests, NaN there, are left out
+  and counted in the legend), with the run's SLO limits for those metrics drawn where on scale;
+* per load sweep (runs of one test, or of one parametrized test, whose workloads differ only in
+  offered load: ``rate_rps`` or ``concurrency``): offered load -> goodput and offered load -> p95
+  TTFT/E2E, candidate against baseline.
+
+matplotlib is imported lazily, and only ``matplotlib.figure.Figure`` with an explicit Agg canvas is
+used: no pyplot, no ``matplotlib.use``, no rcParams changes, so a test session that plots with
+pyplot itself is not affected.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from pytest_llmperf.baseline.samples import unpack_samples
+from pytest_llmperf.report.markdown import PLOTS_MISSING_NOTE, iter_runs, run_names
+from pytest_llmperf.report.writers import atomic_write_bytes
+
+FORMATS = ("png", "svg")
+# An ECDF of 100k requests drawn point by point makes multi-megabyte SVGs; this many evenly spaced
+# order statistics are indistinguishable from the full curve at report size.
+MAX_CDF_POINTS = 2000
+CANDIDATE_COLOR = "tab:blue"
+BASELINE_COLOR = "tab:gray"
+# Workload fields that make up "the offered load" (or its size) and so may differ along a sweep.
+_LOAD_FIELDS = ("rate_rps", "concurrency", "num_requests", "duration_s", "warmup_s", "warmup_requests",
+                "name", "seed", "trials", "timeout_s", "drain_s")
+_SUFFIXES = ("-latency", "-sweep")
+_MAX_STEM = 80
+
+
+@dataclass
+class PlotFiles:
+    """What :func:`write_plots` wrote: files per run key and per sweep title."""
+
+    runs: dict[str, list[Path]] = field(default_factory=dict)
+    sweeps: dict[str, list[Path]] = field(default_factory=dict)
+    skipped_reason: str | None = None
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def paths(self) -> list[Path]:
+        return [p for files in (*self.runs.values(), *self.sweeps.values()) for p in files]
+
+
+@dataclass
+class Sweep:
+    """Runs of one test along one load axis, sorted by load."""
+
+    title: str
+    axis: str  # "rate_rps" | "concurrency"
+    runs: list[Mapping[str, Any]]
+
+    @property
+    def loads(self) -> list[float]:
+        return [float(r["workload"][self.axis]) for r in self.runs]
+
+
+def write_plots(doc: Mapping[str, Any], out_dir: Path | str) -> PlotFiles:
+    """Write the plots of ``doc`` into ``out_dir``; without matplotlib, write nothing and say so."""
+    mpl = _matplotlib()
+    if mpl is None:
+        return PlotFiles(skipped_reason=PLOTS_MISSING_NOTE)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result = PlotFiles()
+    stems: set[str] = set()
+    names = run_names(doc)
+    baseline = (doc.get("baseline") or {}).get("name")
+    for _, run in iter_runs(doc):
+        key = str(run.get("key"))
+        series = {m: (samples(run.get("trials")), samples(run.get("baseline_trials"))) for m in ("ttft_s", "tpot_s")}
+        series = {m: (_pick(c, m), _pick(b, m)) for m, (c, b) in series.items()}
+        if not any(c.size or b.size for c, b in series.values()):
+            continue
+        stem = _unique_stem(key, "-latency", stems)
+        try:
+            label = str(run.get("label") or "")
+            title = names.get(key, key)
+            title = f"{title} — {label}" if label and label not in title else title
+            fig = latency_figure(mpl, title, run, series, baseline)
+            result.runs[key] = _save(fig, out_dir, stem)
+        except OSError:
+            raise
+        except Exception as exc:  # a plotting bug must not cost the gate its other reports
+            result.errors.append(f"{names.get(key, key)}: {type(exc).__name__}: {exc}")
+    for sweep in find_sweeps(doc):
+        stem = _unique_stem(sweep.title, "-sweep", stems)
+        try:
+            fig = sweep_figure(mpl, sweep, baseline)
+            result.sweeps[sweep.title] = _save(fig, out_dir, stem)
+        except OSError:
+            raise
+        except Exception as exc:
+            result.errors.append(f"sweep {sweep.title}: {type(exc).__name__}: {exc}")
+    _remove_stale(out_dir, {p.name for p in result.paths})
+    return result
+
+
+# ---------------------------------------------------------------------- data
+
+
+def samples(trials: Sequence[Mapping[str, Any]] | None) -> dict[str, list[np.ndarray]]:
+    """Packed per-request samples of some trials, unpacked per series name."""
+    out: dict[str, list[np.ndarray]] = {}
+    for trial in trials or []:
+        for name, packed in (trial.get("samples") or {}).items():
+            out.setdefault(name, []).append(unpack_samples(packed))
+    return out
+
+
+def _pick(series: Mapping[str, list[np.ndarray]], name: str) -> np.ndarray:
+    arrays = series.get(name) or []
+    return np.concatenate([a.reshape(-1) for a in arrays]) if arrays else np.asarray([], dtype=float)
+
+
+def ecdf(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """(x, F(x), failed count) of the finite values, thinned to at most MAX_CDF_POINTS points."""
+    finite = values[np.isfinite(values)]
+    failed = int(values.size - finite.size)
+    x = np.sort(finite)
+    n = x.size
+    y = np.arange(1, n + 1, dtype=float) / max(n, 1)
+    if n > MAX_CDF_POINTS:
+        idx = np.unique(np.linspace(0, n - 1, MAX_CDF_POINTS).round().astype(int))
+        x, y = x[idx], y[idx]
+    return x, y, failed
+
+
+def find_sweeps(doc: Mapping[str, Any]) -> list[Sweep]:
+    """Load sweeps: runs of one test (parametrize ids ignored) whose workloads are equal except
+    for the offered load, with at least two distinct loads on one axis."""
+    groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    titles: dict[tuple[str, str], str] = {}
+    for test, run in iter_runs(doc):
+        workload = run.get("workload")
+        if not isinstance(workload, Mapping) or not run.get("summary"):
+            continue
+        base = str(test.get("nodeid", "")).split("[", 1)[0]
+        shape = json.dumps({k: v for k, v in workload.items() if k not in _LOAD_FIELDS}, sort_keys=True, default=str)
+        groups.setdefault((base, shape), []).append(run)
+        titles[(base, shape)] = base.split("::")[-1] or base
+    sweeps = []
+    per_title: dict[str, int] = {}
+    for key, runs in groups.items():
+        for axis in ("rate_rps", "concurrency"):
+            values = [r["workload"].get(axis) for r in runs]
+            if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values) and len(set(values)) >= 2:
+                title = titles[key]
+                per_title[title] = per_title.get(title, 0) + 1
+                if per_title[title] > 1:
+                    title = f"{title} #{per_title[title]}"
+                ordered = sorted(runs, key=lambda r: float(r["workload"][axis]))
+                sweeps.append(Sweep(title, axis, ordered))
+                break
+    return sweeps
+
+
+# ---------------------------------------------------------------------- figures
+
+
+def latency_figure(mpl: Any, title: str, run: Mapping[str, Any],
+                   series: Mapping[str, tuple[np.ndarray, np.ndarray]], baseline: str | None) -> Any:
+    fig = mpl.Figure(figsize=(10, 4))
+    mpl.Canvas(fig)
+    axes = fig.subplots(1, 2)
+    slo = run.get("slo") or {}
+    for ax, (metric, label) in zip(axes, (("ttft_s", "TTFT"), ("tpot_s", "TPOT"))):
+        candidate, base = series[metric]
+        top = 0.0
+        for values, who, color, style in ((base, f"baseline {baseline}" if baseline else "baseline", BASELINE_COLOR, "--"),
+                                          (candidate, "candidate", CANDIDATE_COLOR, "-")):
+            if not values.size:
+                continue
+            x, y, failed = ecdf(values)
+            extra = f", {failed} failed" if failed else ""
+            if x.size:
+                ax.step(x * 1e3, y, where="post", color=color, linestyle=style, linewidth=1.6,
+                        label=f"{who} (n={x.size}{extra})")
+                top = max(top, float(x[-1]))
+        for q in (0.5, 0.95):
+            ax.axhline(q, color="0.85", linewidth=0.8, zorder=0)
+        _slo_lines(ax, slo, metric.removesuffix("_s"), top)
+        if top > 0:
+            low = min(float(np.nanmin(a[np.isfinite(a)])) for a in (candidate, base) if np.isfinite(a).any())
+            if low > 0 and top / low > 50:
+                ax.set_xscale("log")
+                _plain_log_labels(mpl, ax.xaxis)
+            ax.legend(loc="lower right", fontsize=8)
+        else:
+            ax.text(0.5, 0.5, "no samples", ha="center", va="center", transform=ax.transAxes)
+        ax.set_title(f"{label} distribution")
+        ax.set_xlabel(f"{label} (ms)")
+        ax.set_ylabel("fraction of requests ≤ x")
+        ax.set_ylim(0, 1.02)
+        ax.grid(True, alpha=0.3)
+    fig.suptitle(_short(title, 110), fontsize=10)
+    _layout(fig)
+    return fig
+
+
+def _slo_lines(ax: Any, slo: Mapping[str, Any], metric: str, top_s: float) -> None:
+    for key, limit in slo.items():
+        if not key.startswith(metric + "_") or not isinstance(limit, (int, float)):
+            continue
+        # A limit far beyond the data would squash the curves into the left edge: name it instead.
+        if top_s > 0 and limit <= 2.0 * top_s:
+            ax.axvline(limit * 1e3, color="tab:red", linestyle=":", linewidth=1.2, label=f"SLO {key}")
+        else:
+            # An empty plot call puts the limit in the legend without drawing it.
+            ax.plot([], [], " ", label=f"SLO {key} ≤ {limit * 1e3:g} ms (off scale)")
+
+
+def sweep_figure(mpl: Any, sweep: Sweep, baseline: str | None) -> Any:
+    fig = mpl.Figure(figsize=(10, 4))
+    mpl.Canvas(fig)
+    ax_good, ax_lat = fig.subplots(1, 2)
+    loads = sweep.loads
+    axis_label = "offered rate (req/s)" if sweep.axis == "rate_rps" else "concurrency"
+    sides = [("candidate", "summary", CANDIDATE_COLOR, "-")]
+    if any(r.get("baseline_summary") for r in sweep.runs):
+        sides.insert(0, (f"baseline {baseline}" if baseline else "baseline", "baseline_summary", BASELINE_COLOR, "--"))
+    for who, field_name, color, style in sides:
+        good = [_get(r.get(field_name), "goodput_rps") for r in sweep.runs]
+        ax_good.plot(loads, good, marker="o", color=color, linestyle=style, label=f"{who} goodput")
+        for metric, marker in (("ttft_s", "o"), ("e2e_s", "s")):
+            p95 = [_get(r.get(field_name), metric, "p95") for r in sweep.runs]
+            ms = [v * 1e3 if v is not None else math.nan for v in p95]
+            ax_lat.plot(loads, ms, marker=marker, color=color, linestyle=style,
+                        label=f"{who} {metric.removesuffix('_s').upper()} p95")
+    if sweep.axis == "rate_rps":
+        # Goodput tracks the offered rate until the server saturates; the diagonal shows where.
+        ax_good.plot(loads, loads, color="0.7", linestyle=":", linewidth=1, label="offered rate")
+    ax_good.set_title("goodput")
+    ax_good.set_ylabel("goodput (req/s)")
+    ax_lat.set_title("p95 latency")
+    ax_lat.set_ylabel("ms")
+    shown = [v for line in ax_lat.get_lines() for v in line.get_ydata() if math.isfinite(v) and v > 0]
+    if shown and max(shown) / min(shown) > 5:
+        # TTFT and E2E differ by an order of magnitude: a log axis keeps both changes visible.
+        ax_lat.set_yscale("log")
+        _plain_log_labels(mpl, ax_lat.yaxis)
+    for ax in (ax_good, ax_lat):
+        ax.set_xlabel(axis_label)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(_short(f"{sweep.title}: load sweep", 110), fontsize=10)
+    _layout(fig)
+    return fig
+
+
+def _layout(fig: Any) -> None:
+    # Fixed margins: the constrained layout engine doubled the time to save a figure, and these
+    # two-panel figures have the same shape every time.
+    fig.subplots_adjust(left=0.07, right=0.98, bottom=0.12, top=0.87, wspace=0.22)
+
+
+def _get(summary: Any, *path: str) -> float | None:
+    value = summary
+    for p in path:
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(p)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+# ---------------------------------------------------------------------- files
+
+
+@dataclass(frozen=True)
+class _Mpl:
+    Figure: Any
+    Canvas: Any
+    FuncFormatter: Any
+
+
+def _matplotlib() -> _Mpl | None:
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+        from matplotlib.ticker import FuncFormatter
+    except ImportError:
+        return None
+    return _Mpl(Figure, FigureCanvasAgg, FuncFormatter)
+
+
+def _plain_log_labels(mpl: _Mpl, axis: Any) -> None:
+    # "30", "200" rather than the default "3×10¹", "2×10²" on a log axis of milliseconds.
+    plain = mpl.FuncFormatter(lambda v, _pos: f"{v:g}")
+    axis.set_major_formatter(plain)
+    axis.set_minor_formatter(plain)
+
+
+def safe_stem(text: str) -> str:
+    """A portable file name stem: [A-Za-z0-9._-] only, no leading dot, bounded length, and a
+    short hash of the original when anything was replaced or cut (so distinct keys stay distinct)."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._-") or "run"
+    if slug == text and len(slug) <= _MAX_STEM:
+        return slug
+    digest = hashlib.sha1(text.encode("utf-8")).hexdigest()[:8]
+    return f"{slug[:_MAX_STEM]}-{digest}"
+
+
+def _unique_stem(text: str, suffix: str, used: set[str]) -> str:
+    stem = safe_stem(text) + suffix
+    n = 2
+    while stem in used:
+        stem = f"{safe_stem(text)}-{n}{suffix}"
+        n += 1
+    used.add(stem)
+    return stem
+
+
+def _save(fig: Any, out_dir: Path, stem: str) -> list[Path]:
+    files = []
+    for fmt in FORMATS:
+        buf = io.BytesIO()
+        # No date in the SVG metadata: the same data gives the same file (diffable artefacts).
+        metadata = {"Date": None} if fmt == "svg" else None
+        fig.savefig(buf, format=fmt, dpi=100, metadata=metadata)
+        files.append(atomic_write_bytes(out_dir / f"{stem}.{fmt}", buf.getvalue()))
+    return files
+
+
+def _remove_stale(out_dir: Path, keep: set[str]) -> None:
+    """Drop plots an earlier session left in the directory, so an uploaded report dir never mixes
+    runs; only files with this module's own name pattern are touched."""
+    for path in out_dir.iterdir():
+        if (path.is_file() and path.name not in keep and path.suffix[1:] in FORMATS
+                and path.stem.endswith(_SUFFIXES)):
+            path.unlink(missing_ok=True)
+
+
+def _short(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"

@@ -1,0 +1,180 @@
+"""Write the report directory from a session report document (see report/document.py).
+
+``report_dir`` receives ``llmperf.json`` (the document without samples, strict JSON, checked by
+``schemas/llmperf-report.schema.json``), ``llmperf-junit.xml``, ``llmperf-summary.md`` and
+``plots/``. Every file is written atomically (temp file + ``os.replace``) so a CI step that
+uploads the directory never picks up half a file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import os
+import secrets
+from pathlib import Path
+from typing import Any, Mapping
+
+from pytest_llmperf.errors import LLMPerfError
+from pytest_llmperf.report.document import without_samples
+
+JSON_NAME = "llmperf.json"
+JUNIT_NAME = "llmperf-junit.xml"
+MARKDOWN_NAME = "llmperf-summary.md"
+PLOTS_DIR = "plots"
+SCHEMA_NAME = "llmperf-report.schema.json"
+
+
+class ReportSchemaError(LLMPerfError, ValueError):
+    """A report document that does not match the schema; the message lists each problem by path."""
+
+
+def write_reports(
+    doc: Mapping[str, Any], report_dir: Path | str, *, github_step_summary: str | os.PathLike[str] | None = None
+) -> list[Path]:
+    """Write every report for ``doc`` into ``report_dir``; return the files written there.
+
+    With ``github_step_summary`` (the path in ``$GITHUB_STEP_SUMMARY``) the Markdown summary is
+    also appended to that file. Raises OSError when a file cannot be written.
+    """
+    # Imported here so `import pytest_llmperf.report.writers` stays cheap (the plugin imports it
+    # only at session end).
+    from pytest_llmperf.report.junit import render_junit
+    from pytest_llmperf.report.markdown import render_markdown
+    from pytest_llmperf.report.plots import write_plots
+
+    report_dir = Path(report_dir)
+    report_dir.mkdir(parents=True, exist_ok=True)
+    written = [
+        atomic_write_text(report_dir / JSON_NAME, to_json(doc)),
+        atomic_write_text(report_dir / JUNIT_NAME, render_junit(doc)),
+    ]
+    plots = write_plots(doc, report_dir / PLOTS_DIR)
+    markdown = render_markdown(doc, plots=plots, base_dir=report_dir)
+    written.append(atomic_write_text(report_dir / MARKDOWN_NAME, markdown))
+    written.extend(plots.paths)
+    if github_step_summary:
+        append_step_summary(Path(github_step_summary), markdown)
+    return written
+
+
+def to_json(doc: Mapping[str, Any]) -> str:
+    """``doc`` without samples as strict JSON (no NaN/Infinity tokens, which most parsers reject)."""
+    return json.dumps(json_safe(without_samples(doc)), indent=1, allow_nan=False, ensure_ascii=False) + "\n"
+
+
+def json_safe(value: Any) -> Any:
+    """A copy of ``value`` that strict JSON can hold.
+
+    NaN becomes null and ±inf the strings "inf"/"-inf" (the convention of ``Comparison.to_dict``);
+    numpy scalars become Python numbers; tuples become lists; anything else unknown becomes its
+    ``str`` (a Path, an enum) rather than failing the whole report at the end of a long session.
+    """
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        f = float(value)
+        if math.isnan(f):
+            return None
+        if math.isinf(f):
+            return "inf" if f > 0 else "-inf"
+        return f
+    if isinstance(value, Mapping):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    tolist = getattr(value, "tolist", None)
+    if callable(tolist):  # numpy arrays
+        return json_safe(tolist())
+    enum_value = getattr(value, "value", None)
+    if isinstance(enum_value, (str, int)):
+        return enum_value
+    return str(value)
+
+
+def atomic_write_text(path: Path, text: str) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` via a temp file in the same directory and ``os.replace``."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    # os.open with 0o666 lets the umask decide the mode, as for any ordinary file (mkstemp would
+    # leave the report readable by its owner only, which breaks CI artefact uploads by other users).
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path
+
+
+def append_step_summary(path: Path, markdown: str) -> None:
+    """Append to the GitHub step summary file (other steps may have written to it already)."""
+    try:
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(markdown if markdown.endswith("\n") else markdown + "\n")
+    except OSError as exc:
+        raise OSError(f"cannot append to GITHUB_STEP_SUMMARY file {path}: {exc.strerror or exc}") from exc
+
+
+def schema_path() -> Path:
+    """The JSON Schema (draft 2020-12) of ``llmperf.json``, shipped as package data."""
+    return Path(__file__).resolve().parent.parent / "schemas" / SCHEMA_NAME
+
+
+def load_schema() -> dict[str, Any]:
+    return json.loads(schema_path().read_text(encoding="utf-8"))
+
+
+def validate(doc: Mapping[str, Any]) -> None:
+    """Check ``doc`` (as ``llmperf.json`` would hold it) against the schema.
+
+    Raises :class:`ReportSchemaError` listing every problem with its JSON path, or ImportError
+    when jsonschema (a development dependency) is not installed.
+    """
+    try:
+        import jsonschema
+    except ImportError as exc:
+        raise ImportError(
+            "validating a report needs jsonschema: pip install 'pytest-llmperf[dev]' (or jsonschema)"
+        ) from exc
+    # Validate what a reader of the file sees: tuples as lists, NaN as null.
+    instance = json.loads(json.dumps(json_safe(doc), allow_nan=False))
+    validator = jsonschema.Draft202012Validator(load_schema())
+    errors = sorted(validator.iter_errors(instance), key=lambda e: list(e.absolute_path))
+    if errors:
+        lines = [_describe(e, jsonschema) for e in errors[:20]]
+        more = f"\n  ... and {len(errors) - 20} more" if len(errors) > 20 else ""
+        raise ReportSchemaError(
+            f"report document does not match {schema_path().name} ({len(errors)} problem(s)):\n"
+            + "\n".join(lines) + more
+        )
+
+
+def _describe(error: Any, jsonschema: Any) -> str:
+    # "X is not valid under any of the given schemas" (a nullable object) says nothing useful:
+    # report the closest branch's own problem instead, e.g. a missing required key.
+    if error.context:
+        # The "wrong type" branch (null) is never the interesting one when the value is an object.
+        branches = [e for e in error.context if e.validator != "type"] or list(error.context)
+        error = jsonschema.exceptions.best_match(branches)
+    message = error.message if len(error.message) <= 200 else error.message[:197] + "..."
+    return f"  {_json_path(error.absolute_path)}: {message}"
+
+
+def _json_path(parts: Any) -> str:
+    out = "$"
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else f".{p}"
+    return out

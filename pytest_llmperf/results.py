@@ -1,0 +1,98 @@
+"""What a run measured: per-trial results and the run's pooled result.
+
+A run of a workload with ``trials=N`` is N full trials, each with its own warm-up. A trial keeps
+its records and Summary; the run's ``summary`` pools the trials' measured requests with each
+trial's times shifted so the trials sit end to end, which keeps throughput = tokens / (sum of the
+trials' windows) and Little's law meaningful.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from pytest_llmperf.cache_check import CacheCheck
+from pytest_llmperf.metrics import Summary, summarize
+from pytest_llmperf.objectives import SLO
+from pytest_llmperf.records import PHASE_MEASURE, RequestRecord
+from pytest_llmperf.workload import Workload
+
+
+@dataclass
+class TrialResult:
+    index: int
+    records: list[RequestRecord]
+    summary: Summary
+    window_s: tuple[float, float]
+    loop_lag_max_s: float
+    loop_lag_p99_s: float
+    started_at: str
+    wall_s: float
+    telemetry: dict[str, Any] | None = None
+    # What the prompt builder aimed for, per record; compared with the server's usage counts.
+    expected_prompt_tokens: list[int | None] = field(default_factory=list)
+
+    @property
+    def measured(self) -> list[RequestRecord]:
+        return [r for r in self.records if r.phase == PHASE_MEASURE]
+
+
+@dataclass
+class RunResult:
+    """Everything one ``run`` measured. ``summary`` pools all trials' measured requests."""
+
+    workload: Workload
+    model: str
+    base_url: str
+    trials: list[TrialResult]
+    summary: Summary
+    token_model: dict[str, Any]
+    slo: SLO | None = None
+    slo_checks: list[Any] = field(default_factory=list)
+    label: str = ""
+    cache_check: CacheCheck | None = None
+
+    @property
+    def records(self) -> list[RequestRecord]:
+        return [r for t in self.trials for r in t.records]
+
+    @property
+    def prompt_tokens_error(self) -> float | None:
+        """Mean relative gap between the prompt length asked for and the server's count."""
+        errs = [
+            abs(r.prompt_tokens - e) / e
+            for t in self.trials
+            for r, e in zip(t.records, t.expected_prompt_tokens)
+            if r.prompt_tokens and e
+        ]
+        return float(np.mean(errs)) if errs else None
+
+
+def pooled_summary(trials: list[TrialResult], slo: SLO | None) -> Summary:
+    """One Summary over several trials: each trial's times are shifted so the trials sit end to end,
+    which keeps throughput = tokens / (sum of windows) and Little's law meaningful."""
+    if len(trials) == 1:
+        return trials[0].summary
+    shifted: list[RequestRecord] = []
+    offset = 0.0
+    for trial in trials:
+        start, end = trial.window_s
+        delta = offset - start
+        for r in trial.records:
+            c = dataclasses.replace(r, chunk_times_s=[t + delta for t in r.chunk_times_s])
+            c.scheduled_s += delta
+            c.sent_s += delta
+            for name in ("end_s", "first_token_s", "first_visible_s"):
+                value = getattr(c, name)
+                if value is not None:
+                    setattr(c, name, value + delta)
+            shifted.append(c)
+        offset += end - start
+    lag = max(t.loop_lag_p99_s for t in trials)
+    return summarize(shifted, slo=slo, window_s=(0.0, offset), loop_lag_p99_s=lag)
+
+
+__all__ = ["RunResult", "TrialResult", "pooled_summary"]

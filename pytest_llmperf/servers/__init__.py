@@ -1,0 +1,37 @@
+"""Launching and tearing down inference servers: process management and engine presets."""
+
+from __future__ import annotations
+
+from pytest_llmperf.servers.presets import (
+    LLAMA_CPP_PYTHON,
+    PRESETS,
+    EngineNotFound,
+    EnginePreset,
+    LaunchSpec,
+    PresetError,
+    build_launch,
+    connect_host,
+    get_preset,
+    read_version,
+    resolve_executable,
+)
+from pytest_llmperf.servers.process import ProcessReaper, ServerProcess, ServerStartError, free_port, scrub_command
+
+__all__ = [
+    "LLAMA_CPP_PYTHON",
+    "PRESETS",
+    "EngineNotFound",
+    "EnginePreset",
+    "LaunchSpec",
+    "PresetError",
+    "ProcessReaper",
+    "ServerProcess",
+    "ServerStartError",
+    "build_launch",
+    "connect_host",
+    "free_port",
+    "get_preset",
+    "read_version",
+    "resolve_executable",
+    "scrub_command",
+]

@@ -1,0 +1,213 @@
+"""The simulator's ASGI app: one engine, one metrics registry and the vLLM-shaped routes."""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from pytest_llmperf._version import __version__
+from pytest_llmperf.sim.config import SimConfig
+from pytest_llmperf.sim.engine import Engine
+from pytest_llmperf.sim.exposition import METRICS_CONTENT_TYPE, SimMetrics
+from pytest_llmperf.sim.kvcache import block_hashes
+from pytest_llmperf.sim.perfmodel import PerfModel
+from pytest_llmperf.sim.protocol import ApiError, check_model, error_response, json_body, parse_generation, tokenize_body
+from pytest_llmperf.sim.responses import Generation
+from pytest_llmperf.sim.scheduler import Sequence
+from pytest_llmperf.sim.textgen import plan_output
+from pytest_llmperf.sim.tokenizer import SimTokenizer, TokenizerError
+
+
+@dataclass
+class SimState:
+    """Everything one app instance owns (one engine, one registry, one RNG for faults)."""
+
+    config: SimConfig
+    perf: PerfModel
+    engine: Engine
+    metrics: SimMetrics
+    tokenizer: SimTokenizer
+    model_name: str
+    rng: random.Random
+    created_s: int = field(default_factory=lambda: int(time.time()))
+    requests_seen: int = 0
+
+    @classmethod
+    def create(cls, config: SimConfig) -> "SimState":
+        perf = config.perf_model()
+        engine = Engine(perf)
+        metrics = SimMetrics(engine.core, config.served_model_name)
+        engine.on_first_token = metrics.on_first_token
+        engine.on_finish = metrics.on_finish
+        return cls(
+            config=config,
+            perf=perf,
+            engine=engine,
+            metrics=metrics,
+            tokenizer=SimTokenizer(),
+            model_name=config.served_model_name,
+            rng=random.Random(config.seed),
+        )
+
+
+def build_app(config: SimConfig | None = None) -> Starlette:
+    """The simulator as an ASGI app (``app.state.sim`` holds its :class:`SimState`)."""
+    state = SimState.create(config or SimConfig())
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        await state.engine.aclose()
+
+    async def models(request: Request) -> Response:
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": state.model_name,
+                        "object": "model",
+                        "created": state.created_s,
+                        "owned_by": "vllm",
+                        "root": state.config.preset_spec.model.hf_id,
+                        "parent": None,
+                        "max_model_len": state.perf.max_model_len,
+                        "permission": [],
+                    }
+                ],
+            }
+        )
+
+    async def chat(request: Request) -> Any:
+        return await _generate(state, request, "chat")
+
+    async def completions(request: Request) -> Any:
+        return await _generate(state, request, "completions")
+
+    async def tokenize(request: Request) -> Response:
+        try:
+            data = await json_body(request)
+            check_model(state.model_name, data)
+            ids = tokenize_body(state.tokenizer, data)
+        except ApiError as exc:
+            return exc.response()
+        return JSONResponse({"count": len(ids), "max_model_len": state.perf.max_model_len, "tokens": ids, "token_strs": None})
+
+    async def detokenize(request: Request) -> Response:
+        try:
+            data = await json_body(request)
+            check_model(state.model_name, data)
+            tokens = data.get("tokens")
+            if not isinstance(tokens, list):
+                raise ApiError(400, "tokens: expected a list of token ids", "tokens")
+            text = state.tokenizer.decode(tokens)
+        except ApiError as exc:
+            return exc.response()
+        except TokenizerError as exc:
+            return error_response(400, str(exc), "tokens")
+        return JSONResponse({"prompt": text})
+
+    async def health(request: Request) -> Response:
+        return Response(status_code=200)
+
+    async def version(request: Request) -> Response:
+        preset = state.config.preset_spec
+        return JSONResponse(
+            {
+                "version": __version__,
+                "engine": "llmperf-sim",
+                "preset": preset.name,
+                "gpu": preset.gpu.name,
+                "gpu_count": preset.num_gpus,
+                "model": state.model_name,
+            }
+        )
+
+    async def metrics(request: Request) -> Response:
+        return Response(state.metrics.render(), media_type=METRICS_CONTENT_TYPE)
+
+    routes = [
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/tokenize", tokenize, methods=["POST"]),
+        Route("/detokenize", detokenize, methods=["POST"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/version", version, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.sim = state
+    return app
+
+
+# Hidden reasoning a request gets when it turns thinking on and the server has no
+# --reasoning-tokens of its own (Qwen3-style `chat_template_kwargs: {enable_thinking: true}`).
+DEFAULT_THINKING_TOKENS = 256
+
+
+def _reasoning_tokens(server_default: int, data: dict[str, Any]) -> int:
+    """Per-request reasoning: `chat_template_kwargs.enable_thinking` switches it on or off, as it does
+    for Qwen3 and other hybrid-reasoning models on vLLM and SGLang; otherwise the server's setting."""
+    kwargs = data.get("chat_template_kwargs")
+    if isinstance(kwargs, dict) and "enable_thinking" in kwargs:
+        return (server_default or DEFAULT_THINKING_TOKENS) if kwargs["enable_thinking"] else 0
+    return server_default
+
+
+async def _generate(state: SimState, request: Request, api: str) -> Any:
+    try:
+        data = await json_body(request)
+        check_model(state.model_name, data)
+        req = parse_generation(state.tokenizer, data, api)
+    except ApiError as exc:
+        return exc.response()
+    perf, cfg = state.perf, state.config
+    prompt_len = len(req.prompt_ids)
+    limit = perf.max_model_len
+    if prompt_len >= limit or (req.max_tokens is not None and prompt_len + req.max_tokens > limit):
+        asked = prompt_len + (req.max_tokens or 0)
+        where = "messages" if api == "chat" else "prompt"
+        return error_response(
+            400,
+            f"This model's maximum context length is {limit} tokens. However, you requested {asked} tokens "
+            f"({prompt_len} in the {where}, {req.max_tokens or 0} in the completion). "
+            f"Please reduce the length of the {where} or completion.",
+            "max_tokens" if prompt_len < limit else where,
+        )
+    max_tokens = req.max_tokens if req.max_tokens is not None else limit - prompt_len
+    if req.min_tokens > max_tokens:
+        return error_response(400, f"min_tokens ({req.min_tokens}) exceeds the room left ({max_tokens})", "min_tokens")
+
+    rng = state.rng
+    state.requests_seen += 1
+    if cfg.error_rate and rng.random() < cfg.error_rate:
+        return error_response(500, "simulated internal server error (--error-rate)")
+    text_rng = random.Random(req.seed if req.seed is not None else hash((cfg.seed, state.requests_seen)))
+    plan = plan_output(
+        text_rng,
+        max_tokens=max_tokens,
+        min_tokens=req.min_tokens,
+        ignore_eos=req.ignore_eos,
+        stop=req.stop,
+        include_stop_str_in_output=req.include_stop_str_in_output,
+        reasoning_tokens=_reasoning_tokens(cfg.reasoning_tokens, data) if api == "chat" else 0,
+        natural_median_tokens=cfg.natural_median_tokens,
+    )
+    drop_after = rng.randint(1, plan.target_len) if cfg.drop_rate and rng.random() < cfg.drop_rate else None
+    rid = ("chatcmpl-" if api == "chat" else "cmpl-") + uuid.uuid4().hex
+    seq = Sequence(rid, prompt_len, block_hashes(req.prompt_ids, perf.block_size), plan.target_len, plan.finish_reason)
+    try:
+        state.engine.submit(seq)
+    except RuntimeError:
+        return error_response(503, "the simulator is shutting down")
+    return Generation(state, req, seq, plan, drop_after)

@@ -1,0 +1,87 @@
+"""``llmperf sim`` / ``python -m pytest_llmperf.sim``: run the simulator in the foreground."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable, Sequence
+
+from pytest_llmperf.sim.config import SimConfig
+from pytest_llmperf.sim.presets import PRESET_NAMES, PRESETS
+from pytest_llmperf.sim.server import PortInUseError, serve
+
+
+def _number(kind: str, check: Callable[[float], bool], cast: Callable[[str], float] = float) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = cast(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {kind}, got {text!r}") from None
+        if not check(value):
+            raise argparse.ArgumentTypeError(f"expected {kind}, got {text!r}")
+        return value
+
+    return parse
+
+
+_positive = _number("a positive number", lambda v: v > 0 and v != float("inf"))
+_probability = _number("a probability between 0 and 1", lambda v: 0.0 <= v <= 1.0)
+_non_negative = _number("a non-negative number", lambda v: 0.0 <= v != float("inf"))
+_positive_int = _number("a positive integer", lambda v: v >= 1, int)
+_non_negative_int = _number("a non-negative integer", lambda v: v >= 0, int)
+_port = _number("a port number 0-65535 (0 picks a free one)", lambda v: 0 <= v <= 65535, int)
+
+
+def build_parser(prog: str = "llmperf sim") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="OpenAI-compatible LLM server simulator with a roofline performance model.",
+        epilog="presets: " + "; ".join(f"{p.name} ({p.description})" for p in PRESETS.values()),
+    )
+    add = parser.add_argument
+    add("--preset", choices=PRESET_NAMES, default="llama-3.1-8b-h100", help="model/GPU pair to simulate")
+    add("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
+    add("--port", type=_port, default=8000, help="port (0 picks a free one; default 8000)")
+    add("--model", dest="model_name", default=None, help="served model name (default: the preset's HF id)")
+    add("--slowdown", type=_positive, default=1.0, help="multiply every step's cost (default 1)")
+    add("--time-scale", type=_positive, default=1.0, help="multiply every wall-clock duration (<1 is faster)")
+    add("--error-rate", type=_probability, default=0.0, help="share of requests answered HTTP 500")
+    add("--drop-rate", type=_probability, default=0.0, help="share of requests cut mid-stream")
+    add("--stall-prob", type=_probability, default=0.0, help="probability a chunk is held back")
+    add("--stall-s", type=_non_negative, default=0.5, help="seconds a stalled chunk is held back (default 0.5)")
+    add("--seed", type=int, default=0, help="seed for faults and generated text (default 0)")
+    add("--reasoning-tokens", type=_non_negative_int, default=0, help="hidden reasoning tokens per chat answer")
+    add("--tokens-per-chunk", type=_positive_int, default=1, help="tokens per SSE chunk (default 1)")
+    add("--stamp-chunks", action="store_true", help="add llmperf_server_time to every chunk")
+    add("--max-num-seqs", type=_positive_int, default=None, help="override the preset's batch size limit")
+    add("--max-num-batched-tokens", type=_positive_int, default=None, help="override the per-step token budget")
+    add("--num-gpu-blocks", type=_positive_int, default=None, help="override the KV cache size in 16-token blocks")
+    add("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="warning")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "llmperf sim") -> int:
+    """Run the simulator until interrupted. Returns the exit status (2 for usage errors)."""
+    parser = build_parser(prog)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, or a usage error argparse already printed
+        return exc.code if isinstance(exc.code, int) else 2
+    options = vars(args)
+    host, port, log_level = options.pop("host"), options.pop("port"), options.pop("log_level")
+    try:
+        config = SimConfig(**options)
+    except ValueError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        serve(config, host, port, log_level=log_level)
+    except PortInUseError as exc:
+        print(f"{prog}: error: {exc.strerror}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"{prog}: error: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        pass
+    return 0

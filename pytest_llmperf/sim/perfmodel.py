@@ -1,0 +1,182 @@
+"""Roofline cost of one engine step, and what it implies for single requests and capacity.
+
+One step runs every scheduled token through the model once. Its cost is
+
+    compute_s  = (2·P·T + 4·L·d_attn·A) / (G · peak · eff_compute)
+    memory_s   = (W + kv_bytes_per_token · R) / (G · hbm · eff_memory)
+    comm_s     = 2·L · (lat + 2·(G−1)/G · T·hidden·dtype_bytes / link)      (G > 1 only)
+    step_s     = (max(compute_s, memory_s) + comm_s + overhead_s) · slowdown
+
+with P parameters, T tokens in the step, L layers, d_attn = heads·head_dim, A the number of
+(query, key) pairs attended (Σ n·(c + (n+1)/2) over sequences computing n new tokens after c
+cached ones), W weight bytes, R the KV tokens read (Σ c + n), G GPUs in tensor parallel.
+All durations here are *model* seconds; ``time_scale`` maps them to wall-clock seconds.
+The derivation and the source of every constant are in docs/simulator.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from pytest_llmperf.sim.presets import GIB, Preset
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """The parts of one step's cost, in model seconds (``total_s`` includes the slowdown)."""
+
+    compute_s: float
+    memory_s: float
+    comm_s: float
+    overhead_s: float
+    total_s: float
+
+
+@dataclass(frozen=True)
+class LoneRequestTiming:
+    """What a single request sees on an otherwise idle engine, in model seconds."""
+
+    ttft_s: float
+    tpot_s: float
+    e2e_s: float
+
+
+class PerfModel:
+    """Step costs and capacity limits for one preset under the simulator's knobs.
+
+    ``max_num_seqs``, ``max_num_batched_tokens`` and ``num_gpu_blocks`` override the preset's
+    engine settings (as vLLM's flags of the same names do).
+    """
+
+    def __init__(
+        self,
+        preset: Preset,
+        *,
+        slowdown: float = 1.0,
+        time_scale: float = 1.0,
+        max_num_seqs: int | None = None,
+        max_num_batched_tokens: int | None = None,
+        num_gpu_blocks: int | None = None,
+    ) -> None:
+        if not slowdown > 0:
+            raise ValueError(f"slowdown must be positive, got {slowdown!r}")
+        if not time_scale > 0:
+            raise ValueError(f"time_scale must be positive, got {time_scale!r}")
+        self.preset = preset
+        self.slowdown = float(slowdown)
+        self.time_scale = float(time_scale)
+        model, gpu, eng, tp = preset.model, preset.gpu, preset.engine, preset.num_gpus
+        self.zero_cost = eng.zero_cost
+        self.block_size = eng.block_size
+        self.max_num_seqs = int(max_num_seqs or eng.max_num_seqs)
+        self.max_num_batched_tokens = int(max_num_batched_tokens or eng.max_num_batched_tokens)
+        self.weight_bytes = model.weight_bytes
+        self.kv_bytes_per_token = model.kv_bytes_per_token
+        self.num_gpu_blocks = int(num_gpu_blocks) if num_gpu_blocks else self._profiled_blocks()
+        if self.num_gpu_blocks <= 0:
+            raise ValueError(
+                f"preset {preset.name!r}: the weights leave no GPU memory for the KV cache"
+            )
+        # vLLM refuses to start when one max-length sequence would not fit in the KV cache; users
+        # then lower --max-model-len. Mirror the outcome rather than the refusal.
+        self.max_model_len = min(model.max_model_len, self.num_gpu_blocks * self.block_size)
+
+        # Hot-path constants, folded once so step_time_s is a handful of float operations.
+        self._flops_per_token = 2.0 * model.num_params
+        self._attn_flops_per_pair = 4.0 * model.num_layers * model.attention_dim
+        self._compute_rate = tp * gpu.peak_tflops * 1e12 * eng.compute_efficiency
+        self._memory_rate = tp * gpu.hbm_tbps * 1e12 * eng.memory_efficiency
+        self._overhead_s = eng.step_overhead_s
+        if tp > 1:
+            if gpu.link_gbps <= 0:
+                raise ValueError(f"preset {preset.name!r}: tensor parallel needs gpu.link_gbps")
+            allreduces = 2 * model.num_layers  # one after attention, one after the MLP
+            self._comm_fixed_s = allreduces * eng.allreduce_latency_s
+            ring_factor = 2.0 * (tp - 1) / tp
+            self._comm_per_token_s = (
+                allreduces * ring_factor * model.hidden_size * model.dtype_bytes / (gpu.link_gbps * 1e9)
+            )
+        else:
+            self._comm_fixed_s = 0.0
+            self._comm_per_token_s = 0.0
+
+    def _profiled_blocks(self) -> int:
+        """KV blocks left after weights and the activation reserve, per vLLM's memory profile."""
+        model, gpu, eng, tp = self.preset.model, self.preset.gpu, self.preset.engine, self.preset.num_gpus
+        free_bytes = (
+            gpu.memory_gib * GIB * eng.gpu_memory_utilization
+            - model.weight_bytes / tp
+            - eng.activation_reserve_gib * GIB
+        )
+        # KV heads are split across tensor-parallel ranks (replicated when there are fewer).
+        kv_heads_per_gpu = max(1, model.num_kv_heads // tp)
+        kv_bytes_per_token_per_gpu = 2 * model.num_layers * kv_heads_per_gpu * model.head_dim * model.dtype_bytes
+        return int(free_bytes // (eng.block_size * kv_bytes_per_token_per_gpu))
+
+    # ------------------------------------------------------------------ step cost
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.num_gpu_blocks * self.block_size
+
+    def step_time_s(self, num_tokens: int, attn_pairs: float, kv_read_tokens: float) -> float:
+        """Model seconds for one step (slowdown included); the scheduler's hot path."""
+        if num_tokens <= 0 or self.zero_cost:
+            return 0.0
+        compute = (self._flops_per_token * num_tokens + self._attn_flops_per_pair * attn_pairs) / self._compute_rate
+        memory = (self.weight_bytes + self.kv_bytes_per_token * kv_read_tokens) / self._memory_rate
+        comm = self._comm_fixed_s + self._comm_per_token_s * num_tokens if self._comm_fixed_s else 0.0
+        return ((compute if compute > memory else memory) + comm + self._overhead_s) * self.slowdown
+
+    def step_cost(self, num_tokens: int, attn_pairs: float, kv_read_tokens: float) -> StepCost:
+        """The same cost as :meth:`step_time_s`, broken into its parts (for docs and tests)."""
+        if num_tokens <= 0 or self.zero_cost:
+            return StepCost(0.0, 0.0, 0.0, 0.0, 0.0)
+        compute = (self._flops_per_token * num_tokens + self._attn_flops_per_pair * attn_pairs) / self._compute_rate
+        memory = (self.weight_bytes + self.kv_bytes_per_token * kv_read_tokens) / self._memory_rate
+        comm = self._comm_fixed_s + self._comm_per_token_s * num_tokens if self._comm_fixed_s else 0.0
+        total = self.step_time_s(num_tokens, attn_pairs, kv_read_tokens)
+        return StepCost(compute, memory, comm, self._overhead_s, total)
+
+    def prefill_step_time_s(self, new_tokens: int, context_tokens: int = 0) -> float:
+        """One step computing ``new_tokens`` prompt tokens after ``context_tokens`` cached ones."""
+        pairs = new_tokens * (context_tokens + (new_tokens + 1) / 2)
+        return self.step_time_s(new_tokens, pairs, context_tokens + new_tokens)
+
+    def decode_step_time_s(self, batch_size: int, context_tokens_per_seq: int) -> float:
+        """One step generating a token for each of ``batch_size`` sequences of equal context."""
+        pairs = batch_size * (context_tokens_per_seq + 1)
+        return self.step_time_s(batch_size, pairs, batch_size * (context_tokens_per_seq + 1))
+
+    def lone_request(self, input_tokens: int, output_tokens: int, cached_tokens: int = 0) -> LoneRequestTiming:
+        """TTFT, mean TPOT and E2E for one request alone on the engine (model seconds).
+
+        The prompt is prefilled in chunks of ``max_num_batched_tokens`` (the first token comes
+        out of the last chunk's step); every further token is one decode step.
+        """
+        if input_tokens < 1 or output_tokens < 1:
+            raise ValueError("input_tokens and output_tokens must be at least 1")
+        done = min(cached_tokens, input_tokens - 1)
+        ttft = 0.0
+        while done < input_tokens:
+            n = min(self.max_num_batched_tokens, input_tokens - done)
+            ttft += self.prefill_step_time_s(n, done)
+            done += n
+        decode = sum(self.decode_step_time_s(1, input_tokens + j) for j in range(output_tokens - 1))
+        tpot = decode / (output_tokens - 1) if output_tokens > 1 else 0.0
+        return LoneRequestTiming(ttft_s=ttft, tpot_s=tpot, e2e_s=ttft + decode)
+
+    def saturation_rps(self, input_tokens: int, output_tokens: int) -> float:
+        """Wall-clock request rate at which the scheduler saturates for a fixed-length workload.
+
+        Found by running the simulator's own scheduler in virtual time against an endless
+        backlog of cold (no prefix hits), ``ignore_eos`` requests and measuring the steady-state
+        completion rate; above it the waiting queue grows without bound. Divided by
+        ``time_scale`` to be in wall-clock terms. ``math.inf`` for the zero-cost preset.
+        """
+        from pytest_llmperf.sim.scheduler import steady_state_throughput_rps
+
+        if self.zero_cost:
+            return math.inf
+        return steady_state_throughput_rps(self, input_tokens, output_tokens) / self.time_scale

@@ -1,0 +1,113 @@
+"""What a simulated request generates: how many tokens, why it stops, and the words themselves.
+
+The words come from a fixed pseudo-random table of vocabulary words (every entry one token of
+:mod:`.tokenizer`); a request reads the table from an offset drawn from its seed, so the same
+seed always yields the same text and no per-token random numbers are drawn.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Sequence
+
+from pytest_llmperf.sim.tokenizer import VOCAB_WORDS, word_piece
+
+_TABLE_SIZE = 4096
+WORD_TABLE: tuple[str, ...] = tuple(
+    word_piece(i) for i in random.Random(0x5EED).choices(range(len(VOCAB_WORDS)), k=_TABLE_SIZE)
+)
+# Spread of natural answer lengths around the median (lognormal sigma): most answers within
+# ~0.3x-3x of the median, as chat transcripts show.
+NATURAL_LENGTH_SIGMA = 0.7
+
+
+@dataclass(slots=True)
+class OutputPlan:
+    """The whole output of one request, decided when it arrives.
+
+    Tokens ``[0, reasoning_tokens)`` are hidden reasoning, the rest visible. ``texts`` is only
+    set when a stop string cut the output (then each token's text is trimmed to the cut).
+    """
+
+    target_len: int
+    finish_reason: str
+    stop_reason: str | None
+    reasoning_tokens: int
+    offset: int
+    texts: list[str] | None = None
+
+    def text(self, start: int, end: int) -> str:
+        """Concatenated text of tokens ``[start, end)``."""
+        if end <= start:
+            return ""
+        if self.texts is not None:
+            return "".join(self.texts[start:end])
+        i = (self.offset + start) % _TABLE_SIZE
+        n = end - start
+        if i + n <= _TABLE_SIZE:
+            return "".join(WORD_TABLE[i : i + n])
+        return "".join(WORD_TABLE[(i + j) % _TABLE_SIZE] for j in range(n))
+
+
+def plan_output(
+    rng: random.Random,
+    *,
+    max_tokens: int,
+    min_tokens: int = 0,
+    ignore_eos: bool = False,
+    stop: Sequence[str] = (),
+    include_stop_str_in_output: bool = False,
+    reasoning_tokens: int = 0,
+    natural_median_tokens: int = 160,
+) -> OutputPlan:
+    """Decide a request's output.
+
+    With ``ignore_eos`` it runs to ``max_tokens``. Otherwise its natural length is the hidden
+    reasoning plus a lognormal answer length (median ``natural_median_tokens``), clamped to
+    ``[max(min_tokens, 1), max_tokens]``; ending before max_tokens is an EOS ("stop").
+    A stop string, checked once ``min_tokens`` tokens exist (vLLM's rule), ends it earlier.
+    """
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
+    offset = rng.randrange(_TABLE_SIZE)
+    answer = max(1, round(rng.lognormvariate(math.log(natural_median_tokens), NATURAL_LENGTH_SIGMA)))
+    if ignore_eos:
+        target, reason = max_tokens, "length"
+    else:
+        natural = max(reasoning_tokens + answer, min_tokens, 1)
+        target, reason = (max_tokens, "length") if natural >= max_tokens else (natural, "stop")
+    out = OutputPlan(target, reason, None, min(reasoning_tokens, target), offset)
+    if stop:
+        _apply_stop(out, tuple(stop), min_tokens, include_stop_str_in_output)
+    return out
+
+
+def _apply_stop(plan: OutputPlan, stops: tuple[str, ...], min_tokens: int, include: bool) -> None:
+    text = ""
+    ends: list[int] = []  # character offset where each token's text ends
+    longest = max(len(s) for s in stops)
+    for j in range(plan.target_len):
+        before = len(text)
+        text += plan.text(j, j + 1)
+        ends.append(len(text))
+        if j + 1 < min_tokens:
+            continue
+        window_start = max(0, before - longest + 1)
+        best: tuple[int, str] | None = None
+        for s in stops:
+            pos = text.find(s, window_start)
+            if pos >= 0 and (best is None or pos < best[0]):
+                best = (pos, s)
+        if best is None:
+            continue
+        pos, s = best
+        cut = pos + len(s) if include else pos
+        starts = [0] + ends[:-1]
+        plan.texts = [text[min(a, cut) : min(b, cut)] for a, b in zip(starts, ends)]
+        plan.target_len = j + 1
+        plan.finish_reason = "stop"
+        plan.stop_reason = s
+        plan.reasoning_tokens = min(plan.reasoning_tokens, plan.target_len)
+        return

@@ -1,0 +1,59 @@
+"""Server and GPU telemetry gathered alongside a run: a side channel that never fails the run.
+
+- :mod:`.prometheus`: parse an engine's ``/metrics`` into one vocabulary (vLLM, SGLang, TGI,
+  llama.cpp).
+- :mod:`.server`: scrape it before, during and after a run (:class:`TelemetrySampler`).
+- :mod:`.gpu`: NVML sampling (memory, utilisation, clocks, power, throttling) and inventory.
+"""
+
+from __future__ import annotations
+
+from pytest_llmperf.telemetry.gpu import (
+    GpuDeviceStats,
+    GpuSampler,
+    GpuTelemetry,
+    THROTTLING_REASONS,
+    decode_clock_event_reasons,
+)
+from pytest_llmperf.telemetry.prometheus import (
+    COUNTERS,
+    ENGINE_NAMES,
+    GAUGES,
+    VOCABULARY,
+    Snapshot,
+    TelemetryError,
+    parse_exposition,
+)
+from pytest_llmperf.telemetry.server import (
+    ScrapeOutcome,
+    SeriesPoint,
+    ServerTelemetry,
+    TelemetrySampler,
+    metrics_url,
+    scrape,
+    scrape_outcome,
+    summarize_snapshots,
+)
+
+__all__ = [
+    "COUNTERS",
+    "ENGINE_NAMES",
+    "GAUGES",
+    "GpuDeviceStats",
+    "GpuSampler",
+    "GpuTelemetry",
+    "ScrapeOutcome",
+    "SeriesPoint",
+    "ServerTelemetry",
+    "Snapshot",
+    "THROTTLING_REASONS",
+    "TelemetryError",
+    "TelemetrySampler",
+    "VOCABULARY",
+    "decode_clock_event_reasons",
+    "metrics_url",
+    "parse_exposition",
+    "scrape",
+    "scrape_outcome",
+    "summarize_snapshots",
+]

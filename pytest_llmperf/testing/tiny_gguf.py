@@ -1,0 +1,323 @@
+"""A tiny llama-architecture GGUF with random weights, for running a real engine in tests.
+
+Nothing is downloaded: the vocabulary, merges and weights are generated here and written with the
+``gguf`` package (``pip install 'pytest-llmperf[llamacpp]'``). The model is useless as a language
+model but well behaved as a load-test target:
+
+- Tokenizer: byte-level BPE (``tokenizer.ggml.model = "gpt2"``, pre-tokenizer ``gpt-2``): the 256
+  byte tokens, every given word as one token both with a leading space (``Ġword``) and bare, the
+  intermediate tokens its merges pass through, and ChatML's control tokens, with a chat template
+  that puts nothing before the user's text (see :data:`CHAT_TEMPLATE`). Prompts built from the
+  plugin's :data:`~pytest_llmperf.load.prompts.COMMON_WORDS` therefore have exact token counts.
+- Generation stays on whole space-led words and never reaches EOS: embedding channel
+  :data:`CONSTANT_CHANNEL` holds the same value for every token and no layer writes to it, so after
+  the final norm it is a large positive constant; the output rows put a large positive weight on it
+  for space-led words and a large negative one for everything else (bytes, prefixes, bare words,
+  control tokens). Every generated token is then a complete word, so each streamed chunk carries
+  visible text (byte tokens of split UTF-8 would be held back by the server), and without EOS every
+  request generates exactly ``max_tokens`` tokens even where ``ignore_eos`` is not honoured.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from pytest_llmperf.errors import InputError
+from pytest_llmperf.load.prompts import COMMON_WORDS
+
+BOS_EOS_TOKEN = "<|endoftext|>"
+IM_START_TOKEN = "<|im_start|>"
+IM_END_TOKEN = "<|im_end|>"
+CONTROL_TOKENS = (BOS_EOS_TOKEN, IM_START_TOKEN, IM_END_TOKEN)
+# ChatML's turn markers after the text only: a role header before it ("<|im_start|>user\n") would
+# be a prefix shared by every request, and with the short prompts of a test it alone would exceed
+# the share of cached prompt tokens a cold run may show.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>' }}{% endif %}"
+)
+CONSTANT_CHANNEL = 0
+# Embedding value on the constant channel, and the output weight (+ for words, - for the rest) on
+# it: with random parts of std ~0.1 and ~0.5, words win by about 60 logits.
+_CONSTANT_VALUE = 1.0
+_CHANNEL_BIAS = 5.0
+_EMBED_STD = 0.1
+_OUTPUT_STD = 0.5
+
+
+class TinyModelError(InputError):
+    """Arguments that cannot make a model; the message names the argument."""
+
+
+@dataclass(frozen=True)
+class TinyVocab:
+    """The tokenizer half of the model: token strings (byte-level spelling), their GGUF token
+    types, merges in rank order, and the ids that matter to a test."""
+
+    tokens: tuple[str, ...]
+    token_types: tuple[int, ...]
+    merges: tuple[str, ...]
+    word_ids: tuple[int, ...]  # the space-led words: the only tokens generation can produce
+    bos_id: int
+    eos_id: int
+    eot_id: int
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character table, which byte-level BPE vocabularies are spelled in."""
+    printable = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("\u00a1"), ord("\u00ac") + 1))
+        + list(range(ord("\u00ae"), ord("\u00ff") + 1))
+    )
+    table = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def spell(text: str, table: dict[int, str]) -> str:
+    """``text`` in the byte-level spelling of ``table`` (a leading space becomes "Ġ")."""
+    return "".join(table[b] for b in text.encode("utf-8"))
+
+
+def bpe(symbols: list[str], ranks: dict[tuple[str, str], int]) -> list[str]:
+    """Plain BPE as llama.cpp applies it to one pre-tokenized word: merge the lowest-ranked
+    adjacent pair (leftmost on ties) until no pair has a rank."""
+    while len(symbols) > 1:
+        best: tuple[int, int] | None = None
+        for i in range(len(symbols) - 1):
+            rank = ranks.get((symbols[i], symbols[i + 1]))
+            if rank is not None and (best is None or rank < best[0]):
+                best = (rank, i)
+        if best is None:
+            break
+        i = best[1]
+        symbols[i : i + 2] = [symbols[i] + symbols[i + 1]]
+    return symbols
+
+
+def _extend(spelled: str, ranks: dict[tuple[str, str], int]) -> bool:
+    """Add the merges that make ``spelled`` one token, ranked after every existing merge; undo
+    them and return False when the word still splits.
+
+    The word is first tokenized with the merges so far (pieces p1..pm); the new merges join the
+    pieces left to right. Ranked last, they cannot change how any word accepted earlier is
+    tokenized: each step of that word's tokenization already had a lower-ranked merge to apply.
+    """
+    pieces = bpe(list(spelled), ranks)
+    if len(pieces) == 1:
+        return True
+    added: list[tuple[str, str]] = []
+    acc = pieces[0]
+    for piece in pieces[1:]:
+        pair = (acc, piece)
+        if pair not in ranks:
+            ranks[pair] = len(ranks)
+            added.append(pair)
+        acc += piece
+    if len(bpe(list(spelled), ranks)) == 1:
+        return True
+    for pair in added:  # appended last, so removing them keeps ranks contiguous
+        del ranks[pair]
+    return False
+
+
+def build_vocab(words: Iterable[str]) -> TinyVocab:
+    """The byte-level BPE vocabulary for ``words`` (each becomes one token with a leading space).
+
+    Space-led words get their merges first, so they always come out whole. Bare words (the first
+    word of a prompt has no space before it) are added afterwards where a simulated tokenization
+    shows they come out as one token without disturbing the others; the rest cost a few tokens
+    each, as rare words do in any real vocabulary.
+    """
+    table = bytes_to_unicode()
+    unique: list[str] = []
+    for word in words:
+        if not isinstance(word, str) or not word or any(ch.isspace() for ch in word):
+            raise TinyModelError(f"vocab_words: each word must be a non-empty string without spaces, got {word!r}")
+        if word not in unique:
+            unique.append(word)
+    if not unique:
+        raise TinyModelError("vocab_words: give at least one word")
+
+    ranks: dict[tuple[str, str], int] = {}
+    spaced = [spell(" " + w, table) for w in unique]
+    for s, w in zip(spaced, unique):
+        if not _extend(s, ranks):  # cannot happen: only "Ġ"-led merges exist at this point
+            raise TinyModelError(f"vocab_words: {w!r} would not tokenize as one token")
+    for w in unique:
+        _extend(spell(w, table), ranks)
+    merges = sorted(ranks, key=ranks.__getitem__)
+
+    tokens: list[str] = list(CONTROL_TOKENS)
+    types: list[int] = [3] * len(CONTROL_TOKENS)  # gguf.TokenType.CONTROL
+    byte_tokens = [table[b] for b in range(256)]
+    tokens += byte_tokens
+    types += [1] * len(byte_tokens)  # NORMAL: byte-level BPE vocabularies type bytes as normal
+    index = {t: i for i, t in enumerate(tokens)}
+    for left, right in merges:
+        merged = left + right
+        if merged not in index:
+            index[merged] = len(tokens)
+            tokens.append(merged)
+            types.append(1)
+    return TinyVocab(
+        tokens=tuple(tokens),
+        token_types=tuple(types),
+        merges=tuple(f"{left} {right}" for left, right in merges),
+        word_ids=tuple(index[s] for s in spaced),
+        bos_id=index[BOS_EOS_TOKEN],
+        eos_id=index[BOS_EOS_TOKEN],
+        eot_id=index[IM_END_TOKEN],
+    )
+
+
+def _check_dims(n_layer: int, n_embd: int, n_head: int, n_ff: int, ctx: int) -> None:
+    for name, value in (("n_layer", n_layer), ("n_embd", n_embd), ("n_head", n_head), ("n_ff", n_ff), ("ctx", ctx)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise TinyModelError(f"{name} must be a positive integer, got {value!r}")
+    if n_embd % n_head:
+        raise TinyModelError(f"n_embd ({n_embd}) must be a multiple of n_head ({n_head})")
+    if (n_embd // n_head) % 2:
+        raise TinyModelError(f"the head size n_embd/n_head ({n_embd // n_head}) must be even (RoPE rotates pairs)")
+    if n_embd < 2:
+        raise TinyModelError("n_embd must be at least 2 (one channel is held constant)")
+
+
+def _weights(vocab: TinyVocab, *, n_layer: int, n_embd: int, n_ff: int, seed: int) -> dict[str, np.ndarray]:
+    """Tensors in numpy (row-major) shape, i.e. GGUF dims reversed, as convert_hf_to_gguf writes
+    them: a linear layer is (out_features, in_features)."""
+    rng = np.random.default_rng(seed)
+    n_vocab = len(vocab.tokens)
+    c = CONSTANT_CHANNEL
+
+    def linear(out_f: int, in_f: int) -> np.ndarray:
+        return rng.normal(0.0, 0.5 / np.sqrt(in_f), size=(out_f, in_f)).astype(np.float32)
+
+    embd = rng.normal(0.0, _EMBED_STD, size=(n_vocab, n_embd)).astype(np.float32)
+    embd[:, c] = _CONSTANT_VALUE
+    output = rng.normal(0.0, _OUTPUT_STD, size=(n_vocab, n_embd)).astype(np.float32)
+    output[:, c] = -_CHANNEL_BIAS
+    output[list(vocab.word_ids), c] = _CHANNEL_BIAS
+    ones = np.ones(n_embd, dtype=np.float32)
+
+    tensors = {"token_embd.weight": embd, "output_norm.weight": ones.copy(), "output.weight": output}
+    for i in range(n_layer):
+        attn_out = linear(n_embd, n_embd)
+        ffn_down = linear(n_embd, n_ff)
+        # No layer writes to the constant channel, so the residual stream keeps it unchanged.
+        attn_out[c, :] = 0.0
+        ffn_down[c, :] = 0.0
+        tensors.update({
+            f"blk.{i}.attn_norm.weight": ones.copy(),
+            f"blk.{i}.attn_q.weight": linear(n_embd, n_embd),
+            f"blk.{i}.attn_k.weight": linear(n_embd, n_embd),
+            f"blk.{i}.attn_v.weight": linear(n_embd, n_embd),
+            f"blk.{i}.attn_output.weight": attn_out,
+            f"blk.{i}.ffn_norm.weight": ones.copy(),
+            f"blk.{i}.ffn_gate.weight": linear(n_ff, n_embd),
+            f"blk.{i}.ffn_up.weight": linear(n_ff, n_embd),
+            f"blk.{i}.ffn_down.weight": ffn_down,
+        })
+    return tensors
+
+
+def _import_gguf() -> Any:
+    try:
+        import gguf
+    except ImportError as exc:
+        raise ImportError(
+            "building a tiny GGUF model needs the 'gguf' package: "
+            "pip install 'pytest-llmperf[llamacpp]' (or pip install gguf)"
+        ) from exc
+    return gguf
+
+
+def _check_tensor_names(gguf: Any, names: Sequence[str], n_layer: int) -> None:
+    # The names above are spelled out for readability; make sure they are what gguf-py (and so
+    # llama.cpp) calls the llama tensors, so a rename upstream fails here, not in the server.
+    arch = gguf.MODEL_ARCH.LLAMA
+    known = set()
+    for tensor in gguf.MODEL_TENSORS[arch]:
+        template = gguf.TENSOR_NAMES[tensor]
+        known.update(template.format(bid=i) + ".weight" for i in range(n_layer))
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise RuntimeError(f"gguf {getattr(gguf, '__version__', '?')} does not name llama tensors {unknown}")
+
+
+def build_tiny_llama_gguf(
+    path: str | os.PathLike[str],
+    *,
+    vocab_words: Sequence[str] = COMMON_WORDS,
+    n_layer: int = 2,
+    n_embd: int = 64,
+    n_head: int = 4,
+    n_ff: int = 128,
+    ctx: int = 2048,
+    seed: int = 0,
+) -> Path:
+    """Write a random-weight llama GGUF to ``path`` and return the path.
+
+    ``vocab_words`` become single tokens (with a leading space; the default is the words the
+    plugin builds prompts from). The same arguments always produce the same file. The file is
+    written next to ``path`` and renamed into place, so a reader never sees half a model.
+    """
+    _check_dims(n_layer, n_embd, n_head, n_ff, ctx)
+    if isinstance(vocab_words, str):
+        raise TinyModelError("vocab_words must be a sequence of words, not one string")
+    gguf = _import_gguf()
+    vocab = build_vocab(vocab_words)
+    tensors = _weights(vocab, n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, seed=seed)
+    _check_tensor_names(gguf, list(tensors), n_layer)
+
+    out = Path(path)
+    if out.is_dir():
+        raise TinyModelError(f"path {str(out)!r} is a directory; give a file name such as tiny.gguf")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    writer = gguf.GGUFWriter(str(tmp), "llama")
+    try:
+        writer.add_name("pytest-llmperf tiny random llama")
+        writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+        writer.add_context_length(ctx)
+        writer.add_embedding_length(n_embd)
+        writer.add_block_count(n_layer)
+        writer.add_feed_forward_length(n_ff)
+        writer.add_head_count(n_head)
+        writer.add_head_count_kv(n_head)
+        writer.add_rope_dimension_count(n_embd // n_head)
+        writer.add_rope_freq_base(10000.0)
+        writer.add_layer_norm_rms_eps(1e-5)
+        writer.add_vocab_size(len(vocab.tokens))
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre("gpt-2")
+        writer.add_token_list(list(vocab.tokens))
+        writer.add_token_types(list(vocab.token_types))
+        writer.add_token_merges(list(vocab.merges))
+        writer.add_bos_token_id(vocab.bos_id)
+        writer.add_eos_token_id(vocab.eos_id)
+        writer.add_eot_token_id(vocab.eot_id)
+        writer.add_add_bos_token(False)
+        writer.add_chat_template(CHAT_TEMPLATE)
+        for name, array in tensors.items():
+            writer.add_tensor(name, array)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+    except BaseException:
+        writer.close()
+        tmp.unlink(missing_ok=True)
+        raise
+    writer.close()
+    os.replace(tmp, out)
+    return out

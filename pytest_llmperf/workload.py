@@ -1,0 +1,487 @@
+"""Workload description: what traffic to send, how fast, for how long, and in which cache state.
+
+A :class:`Workload` is a frozen dataclass so it can be hashed into a baseline fingerprint, and it
+can be loaded from YAML with errors that name the file, the key and the line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+from dataclasses import InitVar, dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from pytest_llmperf.errors import InputError
+
+ARRIVALS = ("poisson", "gamma", "constant")
+CACHE_STATES = ("cold", "warm")
+APIS = ("chat", "completions")
+LENGTH_DISTS = ("fixed", "uniform", "normal", "lognormal", "choice")
+
+
+class WorkloadError(InputError):
+    """A workload that cannot be run as written; the message names the field (and file/line)."""
+
+
+@dataclass(frozen=True)
+class LengthDist:
+    """A token-length distribution. ``LengthDist.parse`` accepts an int, a list or a mapping.
+
+    - fixed: ``256``
+    - uniform: ``{dist: uniform, min: 100, max: 300}`` (inclusive)
+    - normal: ``{dist: normal, mean: 256, std: 64, min: 16, max: 1024}`` (clipped)
+    - lognormal: ``{dist: lognormal, mean: 256, sigma: 0.5, min: 1, max: 4096}`` (``mean`` is the
+      median, exp(mu); clipped)
+    - choice: ``[128, 256, 512]`` or ``{dist: choice, values: [...]}`` (uniform over values)
+    """
+
+    dist: str = "fixed"
+    value: int = 0
+    min: int | None = None
+    max: int | None = None
+    mean: float | None = None
+    std: float | None = None
+    sigma: float | None = None
+    values: tuple[int, ...] = ()
+
+    @classmethod
+    def parse(cls, spec: Any, name: str) -> "LengthDist":
+        if isinstance(spec, LengthDist):
+            spec.validate(name)
+            return spec
+        if isinstance(spec, bool):
+            raise WorkloadError(f"{name}: expected a token count, got {spec!r}")
+        if isinstance(spec, (int, np.integer)) or (isinstance(spec, float) and spec.is_integer()):
+            out = cls(dist="fixed", value=int(spec))
+        elif isinstance(spec, (list, tuple)):
+            out = cls(dist="choice", values=tuple(_as_int(v, name) for v in spec))
+        elif isinstance(spec, Mapping):
+            data = dict(spec)
+            dist = data.pop("dist", None)
+            if dist not in LENGTH_DISTS or dist == "fixed" and "value" not in data:
+                raise WorkloadError(
+                    f"{name}: 'dist' must be one of {', '.join(LENGTH_DISTS)}, got {dist!r}"
+                )
+            allowed = {f.name for f in dataclasses.fields(cls)} - {"dist"}
+            unknown = sorted(set(data) - allowed)
+            if unknown:
+                raise WorkloadError(
+                    f"{name}: unknown key(s) {', '.join(unknown)}; valid: {', '.join(sorted(allowed))}"
+                )
+            if "values" in data:
+                data["values"] = tuple(_as_int(v, name) for v in data["values"])
+            for key in ("value", "min", "max"):
+                if key in data and data[key] is not None:
+                    data[key] = _as_int(data[key], f"{name}.{key}")
+            for key in ("mean", "std", "sigma"):
+                if key in data and data[key] is not None:
+                    data[key] = _as_float(data[key], f"{name}.{key}")
+            out = cls(dist=dist, **data)
+        else:
+            raise WorkloadError(f"{name}: expected an int, a list or a mapping, got {spec!r}")
+        out.validate(name)
+        return out
+
+    def validate(self, name: str) -> None:
+        def need(*keys: str) -> None:
+            for key in keys:
+                if getattr(self, key) is None:
+                    raise WorkloadError(f"{name}: dist {self.dist} needs '{key}'")
+
+        if self.dist == "fixed" and self.value < 1:
+            raise WorkloadError(f"{name}: must be at least 1 token, got {self.value}")
+        if self.dist == "uniform":
+            need("min", "max")
+        if self.dist == "normal":
+            need("mean", "std")
+        if self.dist == "lognormal":
+            need("mean", "sigma")
+        if self.dist == "choice" and (not self.values or min(self.values) < 1):
+            raise WorkloadError(f"{name}: choice needs a non-empty list of positive token counts")
+        if self.min is not None and self.min < 1:
+            raise WorkloadError(f"{name}: min must be at least 1 token, got {self.min}")
+        if self.min is not None and self.max is not None and self.max < self.min:
+            raise WorkloadError(f"{name}: max ({self.max}) is below min ({self.min})")
+        if self.mean is not None and self.mean <= 0:
+            raise WorkloadError(f"{name}: mean must be positive, got {self.mean}")
+        for key in ("std", "sigma"):
+            value = getattr(self, key)
+            if value is not None and value < 0:
+                raise WorkloadError(f"{name}: {key} must not be negative, got {value}")
+
+    @property
+    def lower_bound(self) -> int:
+        if self.dist == "fixed":
+            return self.value
+        if self.dist == "choice":
+            return min(self.values)
+        return max(1, self.min or 1)
+
+    @property
+    def expected(self) -> float:
+        if self.dist == "fixed":
+            return float(self.value)
+        if self.dist == "choice":
+            return float(np.mean(self.values))
+        if self.dist == "uniform":
+            return (self.min + self.max) / 2  # type: ignore[operator]
+        return float(self.mean)  # type: ignore[arg-type]
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        if self.dist == "fixed":
+            return np.full(n, self.value, dtype=np.int64)
+        if self.dist == "choice":
+            return rng.choice(np.asarray(self.values, dtype=np.int64), size=n)
+        if self.dist == "uniform":
+            return rng.integers(self.min, self.max + 1, size=n)  # type: ignore[operator]
+        if self.dist == "normal":
+            raw = rng.normal(self.mean, self.std, size=n)
+        else:
+            raw = rng.lognormal(np.log(self.mean), self.sigma, size=n)  # type: ignore[arg-type]
+        lo = self.min if self.min is not None else 1
+        hi = self.max if self.max is not None else np.inf
+        return np.clip(np.rint(raw), lo, hi).astype(np.int64)
+
+    def to_spec(self) -> Any:
+        if self.dist == "fixed":
+            return self.value
+        out: dict[str, Any] = {"dist": self.dist}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("dist", "value") or value is None or value == ():
+                continue
+            out[f.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+
+@dataclass(frozen=True)
+class RequestType:
+    """One kind of request in a mixed workload (e.g. chat vs. summarisation), drawn by weight."""
+
+    name: str
+    input_tokens: Any = 256
+    output_tokens: Any = 128
+    weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "input_tokens", LengthDist.parse(self.input_tokens, f"mix.{self.name}.input_tokens")
+        )
+        object.__setattr__(
+            self, "output_tokens", LengthDist.parse(self.output_tokens, f"mix.{self.name}.output_tokens")
+        )
+        if not self.name or not isinstance(self.name, str):
+            raise WorkloadError("mix: every request type needs a non-empty 'name'")
+        if not (isinstance(self.weight, (int, float)) and self.weight > 0):
+            raise WorkloadError(f"mix.{self.name}.weight must be positive, got {self.weight!r}")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Traffic to send. Give ``rate_rps`` (open loop) or ``concurrency`` (closed loop), and bound it
+    by ``duration_s`` and/or ``num_requests``. ``rate`` and ``duration`` are accepted as aliases.
+
+    ``cache="cold"`` puts a unique salt at the start of every prompt so nothing can hit the prefix
+    cache; ``cache="warm"`` gives prompts a shared prefix of ``prefix_tokens`` (default: 90% of the
+    shortest prompt) drawn from ``num_prefixes`` distinct prefixes, so repeats hit the cache.
+    The warm-up phase (``warmup_s`` / ``warmup_requests``) runs at the same load, is recorded, and
+    is excluded from statistics.
+    """
+
+    input_tokens: Any = 256
+    output_tokens: Any = 128
+    rate_rps: float | None = None
+    concurrency: int | None = None
+    duration_s: float | None = None
+    num_requests: int | None = None
+    arrival: str = "poisson"
+    burstiness: float = 1.0
+    warmup_s: float = 0.0
+    warmup_requests: int = 0
+    cache: str = "cold"
+    prefix_tokens: int | None = None
+    num_prefixes: int = 1
+    api: str = "chat"
+    ignore_eos: bool = True
+    sampling: Mapping[str, Any] = field(default_factory=dict)
+    seed: int = 0
+    mix: tuple[RequestType, ...] = ()
+    trials: int | None = None
+    workers: int = 1
+    timeout_s: float = 300.0
+    drain_s: float | None = None
+    name: str | None = None
+    rate: InitVar[float | None] = None
+    duration: InitVar[float | None] = None
+
+    def __post_init__(self, rate: float | None, duration: float | None) -> None:
+        set_ = lambda key, value: object.__setattr__(self, key, value)  # noqa: E731
+        if rate is not None:
+            if self.rate_rps is not None and self.rate_rps != rate:
+                raise WorkloadError("give either rate or rate_rps, not both")
+            set_("rate_rps", rate)
+        if duration is not None:
+            if self.duration_s is not None and self.duration_s != duration:
+                raise WorkloadError("give either duration or duration_s, not both")
+            set_("duration_s", duration)
+        set_("input_tokens", LengthDist.parse(self.input_tokens, "input_tokens"))
+        set_("output_tokens", LengthDist.parse(self.output_tokens, "output_tokens"))
+        mix = tuple(
+            m if isinstance(m, RequestType) else RequestType(**_checked_keys(m, RequestType, "mix"))
+            for m in (self.mix or ())
+        )
+        set_("mix", mix)
+        set_("sampling", dict(self.sampling or {}))
+        self._validate()
+
+    def _validate(self) -> None:
+        if self.rate_rps is None and self.concurrency is None:
+            raise WorkloadError("give rate_rps (open loop) or concurrency (closed loop)")
+        if self.rate_rps is not None and self.concurrency is not None:
+            raise WorkloadError("give rate_rps or concurrency, not both")
+        if self.rate_rps is not None and not (_is_number(self.rate_rps) and self.rate_rps > 0):
+            raise WorkloadError(f"rate_rps must be a positive number, got {self.rate_rps!r}")
+        if self.concurrency is not None and not (
+            isinstance(self.concurrency, int) and not isinstance(self.concurrency, bool) and self.concurrency > 0
+        ):
+            raise WorkloadError(f"concurrency must be a positive integer, got {self.concurrency!r}")
+        if self.duration_s is None and self.num_requests is None:
+            raise WorkloadError("bound the run by duration_s and/or num_requests")
+        if self.duration_s is not None and not (_is_number(self.duration_s) and self.duration_s > 0):
+            raise WorkloadError(f"duration_s must be a positive number, got {self.duration_s!r}")
+        if self.num_requests is not None and not (
+            isinstance(self.num_requests, int) and self.num_requests > 0
+        ):
+            raise WorkloadError(f"num_requests must be a positive integer, got {self.num_requests!r}")
+        if self.arrival not in ARRIVALS:
+            raise WorkloadError(f"arrival must be one of {', '.join(ARRIVALS)}, got {self.arrival!r}")
+        if not (_is_number(self.burstiness) and self.burstiness > 0):
+            raise WorkloadError(f"burstiness must be positive, got {self.burstiness!r}")
+        if not (_is_number(self.warmup_s) and self.warmup_s >= 0):
+            raise WorkloadError(f"warmup_s must not be negative, got {self.warmup_s!r}")
+        if not (isinstance(self.warmup_requests, int) and self.warmup_requests >= 0):
+            raise WorkloadError(f"warmup_requests must be a non-negative integer, got {self.warmup_requests!r}")
+        if self.cache not in CACHE_STATES:
+            raise WorkloadError(f"cache must be one of {', '.join(CACHE_STATES)}, got {self.cache!r}")
+        if self.api not in APIS:
+            raise WorkloadError(f"api must be one of {', '.join(APIS)}, got {self.api!r}")
+        if not (isinstance(self.num_prefixes, int) and self.num_prefixes >= 1):
+            raise WorkloadError(f"num_prefixes must be a positive integer, got {self.num_prefixes!r}")
+        if self.prefix_tokens is not None:
+            if not (isinstance(self.prefix_tokens, int) and self.prefix_tokens >= 0):
+                raise WorkloadError(f"prefix_tokens must be a non-negative integer, got {self.prefix_tokens!r}")
+            shortest = min([self.input_tokens.lower_bound] + [m.input_tokens.lower_bound for m in self.mix])
+            if self.prefix_tokens >= shortest:
+                raise WorkloadError(
+                    f"prefix_tokens ({self.prefix_tokens}) must be shorter than the shortest prompt ({shortest})"
+                )
+        if self.trials is not None and not (isinstance(self.trials, int) and self.trials >= 1):
+            raise WorkloadError(f"trials must be a positive integer, got {self.trials!r}")
+        if not (isinstance(self.workers, int) and self.workers >= 1):
+            raise WorkloadError(f"workers must be a positive integer, got {self.workers!r}")
+        if not (_is_number(self.timeout_s) and self.timeout_s > 0):
+            raise WorkloadError(f"timeout_s must be positive, got {self.timeout_s!r}")
+        if self.drain_s is not None and not (_is_number(self.drain_s) and self.drain_s >= 0):
+            raise WorkloadError(f"drain_s must not be negative, got {self.drain_s!r}")
+
+    # ------------------------------------------------------------------ derived views
+
+    @property
+    def open_loop(self) -> bool:
+        return self.rate_rps is not None
+
+    @property
+    def shared_prefix_tokens(self) -> int:
+        """Length of the shared prefix actually used (0 for cold runs: the salt defeats it anyway)."""
+        if self.prefix_tokens is not None:
+            return self.prefix_tokens
+        if self.cache == "cold":
+            return 0
+        shortest = min([self.input_tokens.lower_bound] + [m.input_tokens.lower_bound for m in self.mix])
+        return int(shortest * 0.9)
+
+    @property
+    def request_types(self) -> tuple[RequestType, ...]:
+        if self.mix:
+            return self.mix
+        return (RequestType("default", self.input_tokens, self.output_tokens, 1.0),)
+
+    def scaled(self, factor: float) -> "Workload":
+        """The same workload with duration and warm-up multiplied (for smoke runs)."""
+        if factor == 1.0:
+            return self
+        changes: dict[str, Any] = {"warmup_s": self.warmup_s * factor}
+        if self.duration_s is not None:
+            changes["duration_s"] = self.duration_s * factor
+        return dataclasses.replace(self, **changes)
+
+    def label(self) -> str:
+        load = f"{self.rate_rps:g} rps {self.arrival}" if self.open_loop else f"conc {self.concurrency}"
+        types = "+".join(m.name for m in self.mix) if self.mix else (
+            f"{_spec_label(self.input_tokens)}/{_spec_label(self.output_tokens)}"
+        )
+        bound = []
+        if self.duration_s is not None:
+            bound.append(f"{self.duration_s:g}s")
+        if self.num_requests is not None:
+            bound.append(f"{self.num_requests} req")
+        return f"{self.name + ' ' if self.name else ''}{types} {load} {' '.join(bound)} {self.cache}".strip()
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, LengthDist):
+                value = value.to_spec()
+            elif f.name == "mix":
+                value = [
+                    {"name": m.name, "input_tokens": m.input_tokens.to_spec(),
+                     "output_tokens": m.output_tokens.to_spec(), "weight": m.weight}
+                    for m in value
+                ]
+            elif f.name == "sampling":
+                value = dict(value)
+            out[f.name] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], source: str = "workload") -> "Workload":
+        return cls(**_checked_keys(data, cls, source))
+
+    def content_hash(self) -> str:
+        """Hash of the traffic's *distribution* for fingerprints: not names, trial counts, workers or
+        the seed (two seeds draw two samples of the same traffic, which is what an A/A run is)."""
+        data = self.to_dict()
+        for key in ("name", "trials", "workers", "seed"):
+            data.pop(key, None)
+        blob = json.dumps(data, sort_keys=True, default=str).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _spec_label(dist: LengthDist) -> str:
+    return str(dist.value) if dist.dist == "fixed" else f"~{dist.expected:.0f}"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value)
+
+
+def _as_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or float(value) != int(value):
+        raise WorkloadError(f"{name}: expected an integer token count, got {value!r}")
+    return int(value)
+
+
+def _as_float(value: Any, name: str) -> float:
+    if not _is_number(value):
+        raise WorkloadError(f"{name}: expected a number, got {value!r}")
+    return float(value)
+
+
+def _field_names(cls: type) -> list[str]:
+    names = [f.name for f in dataclasses.fields(cls)]
+    if cls is Workload:
+        names += ["rate", "duration"]
+    return names
+
+
+def _checked_keys(data: Any, cls: type, source: str) -> dict[str, Any]:
+    if not isinstance(data, Mapping):
+        raise WorkloadError(f"{source}: expected a mapping, got {type(data).__name__}")
+    valid = _field_names(cls)
+    unknown = [k for k in data if k not in valid]
+    if unknown:
+        close = difflib.get_close_matches(str(unknown[0]), valid, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise WorkloadError(
+            f"{source}: unknown key {unknown[0]!r}{hint}; valid keys: {', '.join(sorted(valid))}"
+        )
+    return dict(data)
+
+
+# ---------------------------------------------------------------------- YAML
+
+
+def load_workloads(path: str | Path) -> dict[str, Workload]:
+    """Load a YAML file holding one workload, or a mapping ``workloads: {name: {...}}``.
+
+    Errors name the file, the key and its line (YAML node marks), e.g.
+    ``suite.yaml:7: short_chat: unknown key 'input_token'; valid keys: ...``.
+    """
+    import yaml
+
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise WorkloadError(f"{path}: cannot read workload file: {exc.strerror}") from None
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise WorkloadError(f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    if root is None or not isinstance(root, yaml.MappingNode):
+        raise WorkloadError(f"{path}: expected a mapping of workload fields or 'workloads:'")
+    data = yaml.safe_load(text)
+    lines = {key.value: key.start_mark.line + 1 for key, _ in root.value}
+    if "workloads" in data:
+        if set(data) != {"workloads"}:
+            extra = sorted(set(data) - {"workloads"})
+            raise WorkloadError(f"{path}:{lines[extra[0]]}: unknown top-level key {extra[0]!r}")
+        node = dict((k.value, v) for k, v in root.value)["workloads"]
+        if not isinstance(node, yaml.MappingNode):
+            raise WorkloadError(f"{path}:{lines['workloads']}: 'workloads' must map names to workloads")
+        out = {}
+        for key_node, value_node in node.value:
+            name = key_node.value
+            out[name] = _build(path, name, data["workloads"][name], value_node)
+        return out
+    name = data.get("name") or path.stem
+    return {name: _build(path, name, data, root)}
+
+
+def load_workload(path: str | Path, name: str | None = None) -> Workload:
+    """One workload from a file; ``name`` picks one out of a ``workloads:`` mapping."""
+    all_ = load_workloads(path)
+    if name is None:
+        if len(all_) != 1:
+            raise WorkloadError(f"{path}: holds {len(all_)} workloads; pick one of {', '.join(all_)}")
+        return next(iter(all_.values()))
+    if name not in all_:
+        raise WorkloadError(f"{path}: no workload named {name!r}; found {', '.join(all_)}")
+    return all_[name]
+
+
+def _build(path: Path, name: str, data: Any, node: Any) -> Workload:
+    import yaml
+
+    if not isinstance(data, Mapping) or not isinstance(node, yaml.MappingNode):
+        line = node.start_mark.line + 1
+        raise WorkloadError(f"{path}:{line}: {name}: expected a mapping of workload fields")
+    lines = {k.value: k.start_mark.line + 1 for k, _ in node.value}
+    data = dict(data)
+    data.setdefault("name", name)
+    if "mix" in data and isinstance(data["mix"], Mapping):
+        data["mix"] = [dict(v, name=k) for k, v in data["mix"].items()]
+    try:
+        return Workload.from_dict(data, source=name)
+    except WorkloadError as exc:
+        message = str(exc)
+        line = node.start_mark.line + 1
+        for key, key_line in lines.items():
+            if f"'{key}'" in message or message.startswith(key) or f" {key} " in message:
+                line = key_line
+                break
+        if not message.startswith(f"{name}:"):
+            message = f"{name}: {message}"
+        raise WorkloadError(f"{path}:{line}: {message}") from None
+    except TypeError as exc:
+        raise WorkloadError(f"{path}:{node.start_mark.line + 1}: {name}: {exc}") from None
+
+
