@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from pytest_llmperf._version import __version__
+from pytest_llmperf._version import __version__ as __version__
 
 # name -> module that defines it
 _EXPORTS = {
@@ -56,15 +56,38 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from pytest_llmperf.baseline.store import StoreError
-    from pytest_llmperf.capacity import CapacityResult
-    from pytest_llmperf.errors import InputError, LLMPerfError
-    from pytest_llmperf.fingerprint import FingerprintMismatch
-    from pytest_llmperf.load.runner import RunError, Runner
-    from pytest_llmperf.metrics import Summary
-    from pytest_llmperf.objectives import SLO, SLOCheck, SLOError
-    from pytest_llmperf.plugin.markers import slo
-    from pytest_llmperf.records import RequestRecord
-    from pytest_llmperf.results import RunResult, TrialResult
-    from pytest_llmperf.stats import Comparison, Verdict
-    from pytest_llmperf.workload import LengthDist, RequestType, Workload, WorkloadError, load_workload, load_workloads
+    from pytest_llmperf.baseline.store import StoreError as StoreError
+    from pytest_llmperf.capacity import CapacityResult as CapacityResult
+    from pytest_llmperf.errors import InputError as InputError
+    from pytest_llmperf.errors import LLMPerfError as LLMPerfError
+    from pytest_llmperf.fingerprint import FingerprintMismatch as FingerprintMismatch
+    from pytest_llmperf.load.runner import RunError as RunError
+    from pytest_llmperf.load.runner import Runner as Runner
+    from pytest_llmperf.metrics import Summary as Summary
+    from pytest_llmperf.objectives import SLO as SLO
+    from pytest_llmperf.objectives import SLOCheck as SLOCheck
+    from pytest_llmperf.objectives import SLOError as SLOError
+    from pytest_llmperf.plugin.markers import slo as slo
+    from pytest_llmperf.records import RequestRecord as RequestRecord
+    from pytest_llmperf.results import RunResult as RunResult
+    from pytest_llmperf.results import TrialResult as TrialResult
+    from pytest_llmperf.stats import Comparison as Comparison
+    from pytest_llmperf.stats import Verdict as Verdict
+    from pytest_llmperf.workload import (
+        LengthDist as LengthDist,
+    )
+    from pytest_llmperf.workload import (
+        RequestType as RequestType,
+    )
+    from pytest_llmperf.workload import (
+        Workload as Workload,
+    )
+    from pytest_llmperf.workload import (
+        WorkloadError as WorkloadError,
+    )
+    from pytest_llmperf.workload import (
+        load_workload as load_workload,
+    )
+    from pytest_llmperf.workload import (
+        load_workloads as load_workloads,
+    )

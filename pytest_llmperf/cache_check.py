@@ -9,9 +9,12 @@ counters (the telemetry delta over the trial, normalised across engines), then t
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from pytest_llmperf.records import PHASE_MEASURE, RequestRecord
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 # A warm run is expected to serve at least this share of its prompt tokens from the cache; real
 # engines cache in blocks and evict, so asking for ~all would cry wolf.

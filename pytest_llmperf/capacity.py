@@ -26,16 +26,19 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pytest_llmperf.errors import InputError
-from pytest_llmperf.metrics import Summary
-from pytest_llmperf.objectives import SLO
 from pytest_llmperf.records import PHASE_MEASURE, RequestRecord
 from pytest_llmperf.workload import Workload
+
+if TYPE_CHECKING:
+    from pytest_llmperf.metrics import Summary
+    from pytest_llmperf.objectives import SLO
 
 RunStep = Callable[[Workload], Any]  # returns a RunResult (summary, trials[].records)
 

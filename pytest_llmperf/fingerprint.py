@@ -11,8 +11,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from pytest_llmperf.errors import InputError, LLMPerfError
 
@@ -98,7 +99,7 @@ class Fingerprint:
         return out
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], source: str = "fingerprint") -> "Fingerprint":
+    def from_dict(cls, data: Mapping[str, Any], source: str = "fingerprint") -> Fingerprint:
         """Build from :meth:`to_dict` output. Keys this version does not know (written by a newer
         plugin) are kept under ``extra`` rather than dropped, so they still take part in diffs."""
         if not isinstance(data, Mapping):
@@ -128,7 +129,7 @@ class Fingerprint:
         slo: Mapping[str, Any] | None = None,
         gpu: Mapping[str, Any] | None = None,
         extra: Mapping[str, Any] | None = None,
-    ) -> "Fingerprint":
+    ) -> Fingerprint:
         """Assemble a fingerprint, filling in the plugin version, the workload's content hash and
         (unless ``gpu`` is given, e.g. for a remote server) the local GPUs from :func:`collect_gpu`.
         """

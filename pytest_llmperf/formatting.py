@@ -11,7 +11,10 @@ a value, so the terminal, the Markdown summary, junit messages and verdict lines
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
 
 MINUS = "\u2212"
 MISSING = "–"

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -89,7 +90,7 @@ class Distribution:
     max: float | None = None
 
     @classmethod
-    def from_values(cls, values: Iterable[float] | np.ndarray) -> "Distribution":
+    def from_values(cls, values: Iterable[float] | np.ndarray) -> Distribution:
         """Statistics of ``values``; NaN entries mean "no value" and are dropped."""
         arr = np.asarray(list(values) if not isinstance(values, np.ndarray) else values, dtype=float)
         arr = arr.ravel()
@@ -120,7 +121,7 @@ class Distribution:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Distribution":
+    def from_dict(cls, data: Mapping[str, Any]) -> Distribution:
         raw = _picked(cls, data, "Distribution")
         return cls(count=int(raw.pop("count")), **{k: _opt_float(v) for k, v in raw.items()})
 
@@ -150,7 +151,7 @@ class Validity:
         return out
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Validity":
+    def from_dict(cls, data: Mapping[str, Any]) -> Validity:
         raw = _picked(cls, data, "Validity")
         return cls(
             dispatch_lag_p50_s=_opt_float(raw["dispatch_lag_p50_s"]),
@@ -207,7 +208,7 @@ class Summary:
     validity: Validity
     warmup_requests: int
     request_types: list[str]
-    by_type: dict[str, "Summary"] = field(default_factory=dict)
+    by_type: dict[str, Summary] = field(default_factory=dict)
 
     def distribution(self, metric: str) -> Distribution:
         """The distribution of ``metric`` (``ttft``, ``ttfvt``, ``tpot``, ``itl``, ``e2e``)."""
@@ -231,7 +232,7 @@ class Summary:
         return out
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Summary":
+    def from_dict(cls, data: Mapping[str, Any]) -> Summary:
         raw = _picked(cls, data, "Summary")
         for name in _DIST_FIELDS:
             raw[name] = Distribution.from_dict(raw[name])
@@ -314,7 +315,7 @@ def _measured(records: Sequence[RequestRecord]) -> list[RequestRecord]:
 
 
 def per_request_samples(
-    records: Sequence[RequestRecord], *, slo: "SLO | None" = None
+    records: Sequence[RequestRecord], *, slo: SLO | None = None
 ) -> dict[str, np.ndarray]:
     """Raw per-request arrays over measured requests, in scheduled order (ties by index), for
     baseline comparison (block bootstrap over the request sequence).
@@ -343,7 +344,7 @@ def per_request_samples(
     }
 
 
-def _is_good(record: RequestRecord, slo: "SLO | None") -> bool:
+def _is_good(record: RequestRecord, slo: SLO | None) -> bool:
     if slo is None:
         return record.ok
     return slo.is_good(record)
@@ -450,7 +451,7 @@ def _rate(count: float, span_s: float) -> float:
 def summarize(
     records: Sequence[RequestRecord],
     *,
-    slo: "SLO | None" = None,
+    slo: SLO | None = None,
     window_s: tuple[float, float] | None = None,
     loop_lag_p99_s: float | None = None,
 ) -> Summary:
@@ -472,7 +473,7 @@ def summarize(
 
 def _summarize(
     records: Sequence[RequestRecord],
-    slo: "SLO | None",
+    slo: SLO | None,
     window_s: tuple[float, float] | None,
     loop_lag_p99_s: float | None,
     split_types: bool,

@@ -11,12 +11,15 @@ from __future__ import annotations
 import difflib
 import math
 import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from pytest_llmperf.errors import InputError
 from pytest_llmperf.metrics import METRICS, STATS, Summary, request_itl_s, sample_stat
-from pytest_llmperf.records import RequestRecord
+
+if TYPE_CHECKING:
+    from pytest_llmperf.records import RequestRecord
 
 LATENCY_KEYS = tuple(f"{m}_{s}" for m in METRICS for s in STATS)
 RATE_KEYS = ("error_rate", "goodput_min_rps", "attainment_min")
@@ -79,7 +82,7 @@ class SLO:
     source: str = field(default="@slo", compare=False)
 
     @classmethod
-    def parse(cls, mapping: Mapping[str, Any], *, source: str = "@slo") -> "SLO":
+    def parse(cls, mapping: Mapping[str, Any], *, source: str = "@slo") -> SLO:
         """Parse the marker's keyword dict; raise :class:`SLOError` naming any bad key or value.
 
         A key whose value is None counts as not given (so layered defaults can switch one off).

@@ -92,7 +92,7 @@ class RequestRecord:
         return {name: getattr(self, name) for name in self.__slots__}  # type: ignore[attr-defined]
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "RequestRecord":
+    def from_dict(cls, data: dict[str, Any]) -> RequestRecord:
         known = set(cls.__slots__)  # type: ignore[attr-defined]
         return cls(**{k: v for k, v in data.items() if k in known})
 

@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pytest_llmperf.cache_check import CacheCheck
 from pytest_llmperf.metrics import Summary, summarize
-from pytest_llmperf.objectives import SLO
 from pytest_llmperf.records import PHASE_MEASURE, RequestRecord
-from pytest_llmperf.workload import Workload
+
+if TYPE_CHECKING:
+    from pytest_llmperf.cache_check import CacheCheck
+    from pytest_llmperf.objectives import SLO
+    from pytest_llmperf.workload import Workload
 
 
 @dataclass

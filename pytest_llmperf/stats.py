@@ -91,12 +91,15 @@ import math
 import re
 import warnings
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-
-from pytest_llmperf.formatting import fmt_number, fmt_pair, fmt_pct
 from scipy import stats as sps
+
+from pytest_llmperf.formatting import fmt_pair, fmt_pct
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
 
 __all__ = [
     "DEFAULT_ALPHA",
@@ -245,7 +248,7 @@ class Comparison:
         return data
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Comparison":
+    def from_dict(cls, data: Mapping[str, Any]) -> Comparison:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:

@@ -10,9 +10,10 @@ import dataclasses
 import difflib
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import InitVar, dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -50,7 +51,7 @@ class LengthDist:
     values: tuple[int, ...] = ()
 
     @classmethod
-    def parse(cls, spec: Any, name: str) -> "LengthDist":
+    def parse(cls, spec: Any, name: str) -> LengthDist:
         if isinstance(spec, LengthDist):
             spec.validate(name)
             return spec
@@ -311,7 +312,7 @@ class Workload:
             return self.mix
         return (RequestType("default", self.input_tokens, self.output_tokens, 1.0),)
 
-    def scaled(self, factor: float) -> "Workload":
+    def scaled(self, factor: float) -> Workload:
         """The same workload with duration and warm-up multiplied (for smoke runs)."""
         if factor == 1.0:
             return self
@@ -350,7 +351,7 @@ class Workload:
         return out
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], source: str = "workload") -> "Workload":
+    def from_dict(cls, data: Mapping[str, Any], source: str = "workload") -> Workload:
         return cls(**_checked_keys(data, cls, source))
 
     def content_hash(self) -> str:

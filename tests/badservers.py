@@ -103,7 +103,7 @@ class BadServer:
     def received(self) -> list[Request]:
         return list(self.state.received)
 
-    def start(self) -> "BadServer":
+    def start(self) -> BadServer:
         self._thread = threading.Thread(target=self._run, name=f"badserver-{self.config.mode}", daemon=True)
         self._thread.start()
         if not self._ready.wait(10.0):
@@ -118,7 +118,7 @@ class BadServer:
         if self._thread is not None:
             self._thread.join(10.0)
 
-    def __enter__(self) -> "BadServer":
+    def __enter__(self) -> BadServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

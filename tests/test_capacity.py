@@ -11,10 +11,10 @@ import pytest
 
 from pytest_llmperf.capacity import CapacityError, SearchPlan, backlog_growth_rps, judge_step, search
 from pytest_llmperf.load.loadgen import OverloadGuard
+from pytest_llmperf.load.runner import Runner
 from pytest_llmperf.metrics import summarize
 from pytest_llmperf.objectives import SLO
 from pytest_llmperf.records import RequestRecord
-from pytest_llmperf.load.runner import Runner
 from pytest_llmperf.servers.process import ServerProcess, free_port
 from pytest_llmperf.sim import SimConfig
 from pytest_llmperf.workload import Workload

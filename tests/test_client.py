@@ -7,20 +7,23 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
 import uvicorn
 from starlette.applications import Starlette
-from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from pytest_llmperf.load.client import ClientError, StreamingClient
 from pytest_llmperf.records import PreparedRequest, RequestRecord
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    from starlette.requests import Request
 
 API_KEY = "sk-test-SECRET-0123456789abcdef"
 

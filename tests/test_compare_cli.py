@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
-from pytest_llmperf.cli.main import main as cli_main
-from pytest_llmperf.cli.compare import compare_main
 from pytest_llmperf.baseline.store import BaselineStore
+from pytest_llmperf.cli.compare import compare_main
+from pytest_llmperf.cli.main import main as cli_main
 
 pytestmark = pytest.mark.integration
 
@@ -55,7 +55,7 @@ def runs(tmp_path_factory):
     for name, extra in SESSIONS.items():
         # A busy machine can make a run invalid (late dispatch): it would read NOT_GATED, and the
         # premise of these tests is a valid measurement. Save again; the newest run is the one used.
-        for attempt in range(ATTEMPTS):
+        for _attempt in range(ATTEMPTS):
             proc = subprocess.run(
                 [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                  "--llmperf-sim-preset", "llama-3.1-8b-h100", "--llmperf-trials", "2",

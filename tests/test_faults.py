@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from badservers import BadServer
+
 from pytest_llmperf.baseline.store import BaselineStore
 
 pytestmark = pytest.mark.integration

@@ -1,5 +1,5 @@
-from pytest_llmperf.fingerprint import Fingerprint
 from pytest_llmperf.baseline.compare import compare_capacity
+from pytest_llmperf.fingerprint import Fingerprint
 from pytest_llmperf.stats import Verdict
 
 FP = Fingerprint.for_run(engine="sim", model="m", gpu={"gpu_name": "none", "gpu_count": 0, "gpu_driver": "none"}).to_dict()

@@ -16,8 +16,8 @@ from pytest_llmperf.metrics import (
     request_itl_s,
     summarize,
 )
-from pytest_llmperf.records import RequestRecord
 from pytest_llmperf.objectives import SLO
+from pytest_llmperf.records import RequestRecord
 
 
 def rec(

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from pytest_llmperf.metrics import summarize
-from pytest_llmperf.records import RequestRecord
 from pytest_llmperf.objectives import SLO, VALID_KEYS, SLOError, check
+from pytest_llmperf.records import RequestRecord
 
 
 def rec(

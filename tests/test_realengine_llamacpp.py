@@ -23,10 +23,10 @@ from pytest_llmperf.testing.tiny_gguf import (
     CONSTANT_CHANNEL,
     TinyModelError,
     bpe,
-    spell,
     build_tiny_llama_gguf,
     build_vocab,
     bytes_to_unicode,
+    spell,
 )
 
 GGUF_HINT = "pip install 'pytest-llmperf[llamacpp]' (or run scripts/install-llamacpp.sh)"

@@ -10,6 +10,7 @@ import pytest
 
 from pytest_llmperf import Workload
 from pytest_llmperf.baseline.compare import RunComparison
+from pytest_llmperf.baseline.samples import pack_samples
 from pytest_llmperf.metrics import Distribution, Summary, Validity
 from pytest_llmperf.objectives import SLO, check
 from pytest_llmperf.report import markdown as md
@@ -23,7 +24,6 @@ from pytest_llmperf.report.writers import (
     write_reports,
 )
 from pytest_llmperf.stats import Verdict, compare_trials
-from pytest_llmperf.baseline.samples import pack_samples
 
 CHAT = "perf/test_serving.py::test_short_chat"
 SWEEP = "perf/test_serving.py::test_sweep"

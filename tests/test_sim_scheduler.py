@@ -6,7 +6,6 @@ import asyncio
 import itertools
 import time
 
-
 from pytest_llmperf.sim import PRESETS, PerfModel
 from pytest_llmperf.sim.engine import Engine
 from pytest_llmperf.sim.kvcache import BlockPool, block_hashes

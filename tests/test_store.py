@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from pytest_llmperf.baseline import store as store_mod
-from pytest_llmperf.fingerprint import Fingerprint, matcher
+from pytest_llmperf.baseline.samples import pack_samples, unpack_samples
 from pytest_llmperf.baseline.store import (
     SCHEMA_VERSION,
     BaselineCorrupt,
@@ -22,8 +22,8 @@ from pytest_llmperf.baseline.store import (
     StoreError,
     StoreWarning,
 )
-from pytest_llmperf.baseline.samples import pack_samples, unpack_samples
 from pytest_llmperf.cli.baselines import baselines_main
+from pytest_llmperf.fingerprint import Fingerprint, matcher
 
 
 def _files(directory: Path) -> list[str]:

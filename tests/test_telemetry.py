@@ -8,12 +8,12 @@ import sys
 import threading
 import time
 import types
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
 import uvicorn
 from starlette.applications import Starlette
-from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
@@ -31,6 +31,9 @@ from pytest_llmperf.telemetry import (
     scrape_outcome,
     summarize_snapshots,
 )
+
+if TYPE_CHECKING:
+    from starlette.requests import Request
 
 # --- canned expositions -------------------------------------------------------------------------
 
@@ -555,7 +558,8 @@ def _fake_pynvml(
         return 650_000
 
     m.nvmlDeviceGetPowerUsage = power
-    reasons = (lambda h: reasons_mask if h == 1 else 0x4)  # device 0: sw power cap only
+    def reasons(h):
+        return (reasons_mask if h == 1 else 0x4)  # device 0: sw power cap only
     if legacy_reasons_api:
         m.nvmlDeviceGetCurrentClocksThrottleReasons = reasons
     else:

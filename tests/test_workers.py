@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from pytest_llmperf.load.loadgen import LoadOutcome
-from pytest_llmperf.records import RequestRecord
 from pytest_llmperf.load.runner import Runner
-from pytest_llmperf.sim import SimConfig, start_in_thread
 from pytest_llmperf.load.workers import merge_outcomes, worker_shares
+from pytest_llmperf.records import RequestRecord
+from pytest_llmperf.sim import SimConfig, start_in_thread
 from pytest_llmperf.workload import Workload
 
 

@@ -23,11 +23,14 @@ the same family.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from pytest_llmperf.baseline.compare import RunComparison, compare_capacity, compare_entries, headline, session_holm
 from pytest_llmperf.baseline.schema import SavedEntry, entry_slo, gated_stats, is_capacity
 from pytest_llmperf.stats import DEFAULT_ALPHA, DEFAULT_TOLERANCE, Comparison
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Mapping, Sequence
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ bytes...) so the outer gzip finds the repetition in exponents, then base64.
 from __future__ import annotations
 
 import base64
-from typing import Any, Mapping, TypedDict
+from collections.abc import Mapping
+from typing import Any, TypedDict
 
 import numpy as np
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 import numpy as np
 
@@ -23,8 +23,12 @@ from pytest_llmperf.baseline.samples import PackedSamples, pack_samples
 from pytest_llmperf.fingerprint import Fingerprint
 from pytest_llmperf.metrics import per_request_samples
 from pytest_llmperf.objectives import SLO
-from pytest_llmperf.results import RunResult, TrialResult
-from pytest_llmperf.workload import Workload
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from pytest_llmperf.results import RunResult, TrialResult
+    from pytest_llmperf.workload import Workload
 
 
 class TrialEntry(TypedDict, total=False):

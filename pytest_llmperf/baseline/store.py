@@ -19,7 +19,6 @@ count it among the ``keep`` runs) with a warning, and only an explicit ``delete`
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import gzip
 import json
@@ -31,10 +30,11 @@ import tempfile
 import time
 import warnings
 import zlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 

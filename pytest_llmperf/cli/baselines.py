@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -21,8 +21,6 @@ def baselines_main(argv: list[str]) -> int:
     """``llmperf baselines list|show|delete [--store DIR]``. Returns the exit code: 0 on
     success, 2 (with a one-line message on stderr) on a usage error, a missing name or a
     corrupt file."""
-    import argparse
-    import sys
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--store", default=None, metavar="DIR",

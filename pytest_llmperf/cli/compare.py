@@ -16,19 +16,22 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-from pytest_llmperf.errors import InputError
-from pytest_llmperf.fingerprint import FingerprintError, FingerprintMismatch, valid_fields
 from pytest_llmperf.baseline.compare import RunComparison, headline
 from pytest_llmperf.baseline.gate import GateSession, GateSettings, node_of
-from pytest_llmperf.baseline.schema import SavedEntry
-from pytest_llmperf.objectives import SLO, SLOError
-from pytest_llmperf.formatting import fmt_s, table
-from pytest_llmperf.stats import DEFAULT_ALPHA, DEFAULT_TOLERANCE, Comparison, Verdict
 from pytest_llmperf.baseline.store import DEFAULT_ROOT, BaselineStore, StoreError, load_run
+from pytest_llmperf.errors import InputError
+from pytest_llmperf.fingerprint import FingerprintError, FingerprintMismatch, valid_fields
+from pytest_llmperf.formatting import fmt_s, table
+from pytest_llmperf.objectives import SLOError
+from pytest_llmperf.stats import DEFAULT_ALPHA, DEFAULT_TOLERANCE, Comparison, Verdict
+
+if TYPE_CHECKING:
+    from pytest_llmperf.baseline.schema import SavedEntry
 
 PROG = "llmperf compare"
 ALLOW_FLAG = "--allow-diff"

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Sequence
+from typing import TYPE_CHECKING
 
 from pytest_llmperf._version import __version__
 from pytest_llmperf.cli.run import CliError, add_run_parser, cmd_run
 from pytest_llmperf.errors import InputError
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 USAGE_ERROR = 2
 

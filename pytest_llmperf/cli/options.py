@@ -10,9 +10,12 @@ import os
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from pytest_llmperf.errors import InputError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 SERVER_CHOICES = ("sim", "vllm", "sglang", "tgi", "llamacpp", "ollama", "command")
 

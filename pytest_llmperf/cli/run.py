@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -12,6 +11,9 @@ from pytest_llmperf.cli.options import OptionError, api_key_from_env
 from pytest_llmperf.errors import InputError
 
 if TYPE_CHECKING:
+    import argparse
+
+    from pytest_llmperf.load.loadgen import Progress
     from pytest_llmperf.objectives import SLO
     from pytest_llmperf.workload import Workload
 
@@ -82,7 +84,6 @@ def _slo_from_args(pairs: list[str]) -> SLO | None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from pytest_llmperf.load.loadgen import Progress
     from pytest_llmperf.load.runner import RunError, Runner
     from pytest_llmperf.objectives import check
     from pytest_llmperf.report.json_result import run_result_to_dict

@@ -16,9 +16,12 @@ import asyncio
 import os
 import sys
 import time
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 
 def gaps(process: str, rate_rps: float, burstiness: float, rng: np.random.Generator, n: int) -> np.ndarray:

@@ -43,15 +43,17 @@ import time
 import zlib
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import httptools
 import httpx
 
 from pytest_llmperf.errors import LLMPerfError
-from pytest_llmperf.records import PreparedRequest, RequestRecord
 from pytest_llmperf.load.sse import SSEEvent, SSEParser, SSEProtocolError, excerpt
+
+if TYPE_CHECKING:
+    from pytest_llmperf.records import PreparedRequest, RequestRecord
 
 APIS = ("chat", "completions")
 
@@ -191,7 +193,7 @@ class StreamingClient:
         key = _REDACTED if self._api_key else None
         return f"StreamingClient(base_url={self.base_url!r}, model={self.model!r}, api_key={key!r})"
 
-    async def __aenter__(self) -> "StreamingClient":
+    async def __aenter__(self) -> StreamingClient:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:

@@ -25,14 +25,17 @@ import asyncio
 import gc
 import sys
 import time
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Coroutine, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
 from pytest_llmperf.load.arrivals import Pacer, arrival_times
 from pytest_llmperf.records import PHASE_MEASURE, PHASE_WARMUP, PreparedRequest, RequestRecord
-from pytest_llmperf.workload import Workload
+
+if TYPE_CHECKING:
+    from pytest_llmperf.workload import Workload
 
 # ``send`` receives the PreparedRequest, or whatever ``prepare`` turned it into.
 SendFn = Callable[[Any, RequestRecord], Awaitable[RequestRecord]]

@@ -22,12 +22,16 @@ from __future__ import annotations
 import asyncio
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from pytest_llmperf.records import PHASE_MEASURE, PreparedRequest
-from pytest_llmperf.workload import RequestType, Workload
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from pytest_llmperf.workload import RequestType, Workload
 
 # Frequent English words; nearly all are one token (with a leading space) in Llama, Qwen, Mistral and
 # GPT tokenizers. The calibration step drops any that are not on the server at hand.

@@ -12,28 +12,35 @@ trial for the baseline comparison, and ``result.summary`` pools the trials' meas
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import numpy as np
 
-from pytest_llmperf.cache_check import CacheCheck
-from pytest_llmperf.errors import LLMPerfError
 from pytest_llmperf.cache_check import verify as verify_cache
+from pytest_llmperf.errors import LLMPerfError
 from pytest_llmperf.load.client import StreamingClient
 from pytest_llmperf.load.loadgen import LoadGenerator, OverloadGuard, Progress, run_sync
-from pytest_llmperf.metrics import Summary, summarize
-from pytest_llmperf.load.prompts import PromptFactory, TokenModel, calibrate_with_tokenizer, estimated_model, fit_from_usage
-from pytest_llmperf.records import PHASE_MEASURE, PreparedRequest, RequestRecord
-from pytest_llmperf.objectives import SLO
-from pytest_llmperf.telemetry import TelemetrySampler
+from pytest_llmperf.load.prompts import (
+    PromptFactory,
+    TokenModel,
+    calibrate_with_tokenizer,
+    estimated_model,
+    fit_from_usage,
+)
 from pytest_llmperf.load.workers import ClientSpec, run_in_workers
+from pytest_llmperf.metrics import summarize
+from pytest_llmperf.records import PreparedRequest, RequestRecord
 from pytest_llmperf.results import RunResult, TrialResult, pooled_summary
-from pytest_llmperf.workload import Workload
+from pytest_llmperf.telemetry import TelemetrySampler
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from pytest_llmperf.objectives import SLO
+    from pytest_llmperf.workload import Workload
 
 
 class RunError(LLMPerfError, RuntimeError):

@@ -29,13 +29,17 @@ import multiprocessing
 import multiprocessing.connection
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from pytest_llmperf.errors import LLMPerfError
 from pytest_llmperf.load.client import StreamingClient
 from pytest_llmperf.load.loadgen import LoadGenerator, LoadOutcome, OverloadGuard, Progress, run_sync
 from pytest_llmperf.records import PHASE_MEASURE, PHASE_WARMUP, PreparedRequest
-from pytest_llmperf.workload import Workload
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from pytest_llmperf.workload import Workload
 
 # Time the parent leaves between starting the workers and the shared start instant: enough for
 # a forked worker to open its event loop (a spawned one re-imports, hence the larger lead).

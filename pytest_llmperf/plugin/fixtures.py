@@ -28,6 +28,6 @@ def llmperf(request: pytest.FixtureRequest) -> LLMPerf:
     session = get_session(request.config)
     item = request.node
     perf = LLMPerf(session, item, item.stash.get(SLO_KEY, []))
-    perf.server  # start (or fail) the server in setup, so a dead server is a setup error
+    session.server()  # start (or fail) the server in setup, so a dead server is a setup error
     item.stash[PERF_KEY] = perf
     return perf

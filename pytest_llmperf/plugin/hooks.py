@@ -5,12 +5,15 @@ session (and everything heavy) is created only when a collected test uses ``llmp
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Generator
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from pytest_llmperf.errors import LLMPerfError
 from pytest_llmperf.plugin.state import PERF_FIXTURES, PERF_KEY, SLO_KEY, existing_session, get_session
+
+if TYPE_CHECKING:
+    from collections.abc import Generator
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:

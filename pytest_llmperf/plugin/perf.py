@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_llmperf.baseline.compare import RunComparison
 from pytest_llmperf.baseline.schema import capacity_entry, fingerprint_for, run_entry
-from pytest_llmperf.capacity import CapacityResult
 from pytest_llmperf.load.runner import Runner
 from pytest_llmperf.objectives import SLO, SLOError, check
 from pytest_llmperf.plugin.progress import ProgressPrinter
-from pytest_llmperf.plugin.session import LLMPerfSession
-from pytest_llmperf.results import RunResult
-from pytest_llmperf.servers.manager import ServerInfo
 from pytest_llmperf.stats import DEFAULT_TRIALS
 from pytest_llmperf.workload import Workload
+
+if TYPE_CHECKING:
+    from pytest_llmperf.baseline.compare import RunComparison
+    from pytest_llmperf.capacity import CapacityResult
+    from pytest_llmperf.plugin.session import LLMPerfSession
+    from pytest_llmperf.results import RunResult
+    from pytest_llmperf.servers.manager import ServerInfo
 
 
 class LLMPerf:

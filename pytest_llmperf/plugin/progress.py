@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pytest
-
-from pytest_llmperf.load.loadgen import Progress
 from pytest_llmperf.report.terminal import progress_line
+
+if TYPE_CHECKING:
+    import pytest
+
+    from pytest_llmperf.load.loadgen import Progress
 
 
 class ProgressPrinter:

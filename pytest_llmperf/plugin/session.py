@@ -6,21 +6,23 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from pytest_llmperf.baseline.gate import GateSession, GateSettings, pool_history
 from pytest_llmperf.baseline.schema import SavedEntry, session_document
 from pytest_llmperf.baseline.store import BaselineMissing, BaselineStore, StoreError, validate_name
-from pytest_llmperf.capacity import CapacityResult
 from pytest_llmperf.cli.options import LLMPerfOptions, OptionError, api_key_from_env
 from pytest_llmperf.fingerprint import FingerprintMismatch
-from pytest_llmperf.objectives import SLOCheck
-from pytest_llmperf.results import RunResult
 from pytest_llmperf.servers.manager import ServerConfig, ServerInfo, ServerManager, ServerUnavailable
 from pytest_llmperf.servers.process import ProcessReaper
-from pytest_llmperf.stats import Comparison
+
+if TYPE_CHECKING:
+    from pytest_llmperf.capacity import CapacityResult
+    from pytest_llmperf.objectives import SLOCheck
+    from pytest_llmperf.results import RunResult
+    from pytest_llmperf.stats import Comparison
 
 
 class LLMPerfSession:

@@ -11,8 +11,6 @@ import pytest
 from pytest_llmperf.cli.options import LLMPerfOptions
 
 if TYPE_CHECKING:
-    from pytest_llmperf.objectives import SLO
-    from pytest_llmperf.plugin.perf import LLMPerf
     from pytest_llmperf.plugin.session import LLMPerfSession
 
 SLO_MARKER_HELP = (

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_llmperf.baseline.compare import headline
 from pytest_llmperf.formatting import fmt_s, table
 from pytest_llmperf.plugin.perf import failed_requests
-from pytest_llmperf.plugin.session import LLMPerfSession
+
+if TYPE_CHECKING:
+    from pytest_llmperf.plugin.session import LLMPerfSession
 
 
 def write_summary(tr: Any, session: LLMPerfSession) -> None:

@@ -31,10 +31,13 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from pytest_llmperf._version import __version__
 from pytest_llmperf.stats import VERDICTS, headline_from_counts
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
 
 SCHEMA_VERSION = 1
 

@@ -19,12 +19,15 @@ plus any class (``perf.test_serving.TestChat``), the case name starts with the t
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from junit_xml import TestCase, TestSuite, to_xml_report_string
 
 from pytest_llmperf.formatting import fmt_value
 from pytest_llmperf.report.markdown import comparison_message, is_strict, iter_runs, run_invalid_reasons, run_names
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 SEP = " · "
 

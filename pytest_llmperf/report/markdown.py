@@ -10,14 +10,14 @@ still shows what failed the build.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
+from pytest_llmperf.formatting import fmt_pct, fmt_value
 from pytest_llmperf.stats import Comparison
-from pytest_llmperf.formatting import MINUS as _MINUS, fmt_pct, fmt_s, fmt_value
 
 GITHUB_COMMENT_LIMIT = 65_536
 PLOTS_MISSING_NOTE = "plots skipped: pip install pytest-llmperf[plots]"

@@ -13,8 +13,9 @@ import math
 import numbers
 import os
 import secrets
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from pytest_llmperf.errors import LLMPerfError
 from pytest_llmperf.report.document import without_samples

@@ -10,13 +10,23 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from pytest_llmperf.errors import LLMPerfError
-from pytest_llmperf.servers.presets import EngineNotFound, LaunchSpec, PresetError, build_launch, get_preset, read_version
+from pytest_llmperf.servers.presets import (
+    EngineNotFound,
+    LaunchSpec,
+    PresetError,
+    build_launch,
+    get_preset,
+    read_version,
+)
 from pytest_llmperf.servers.process import ProcessReaper, ServerProcess, ServerStartError, free_port
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 
 class ServerUnavailable(LLMPerfError, RuntimeError):

@@ -22,12 +22,15 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from pytest_llmperf.errors import InputError
 from pytest_llmperf.servers.process import ServerProcess, ServerStartError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping, Sequence
 
 # How an engine's OpenAI route is told to generate exactly max_tokens.
 LENGTH_IGNORE_EOS_MIN_TOKENS = "ignore_eos+min_tokens"  # vLLM, SGLang, the simulator

@@ -21,12 +21,15 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from types import FrameType
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from pytest_llmperf.errors import LLMPerfError
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+    from types import FrameType
 
 LOG_TAIL_LINES = 30
 
@@ -241,7 +244,7 @@ class ServerProcess:
 
     # -- start ----------------------------------------------------------------------------------
 
-    def start(self) -> "ServerProcess":
+    def start(self) -> ServerProcess:
         """Launch the command and block until it is ready; raise :class:`ServerStartError` if it
         exits, is not ready in ``startup_timeout_s`` or cannot be executed. Any exception
         (KeyboardInterrupt included) kills the process group before propagating."""
@@ -408,7 +411,7 @@ class ServerProcess:
         except ProcessLookupError:
             pass
 
-    def __enter__(self) -> "ServerProcess":
+    def __enter__(self) -> ServerProcess:
         if self._proc is None:
             self.start()
         return self

@@ -7,10 +7,9 @@ import time
 import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
-from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -19,12 +18,25 @@ from pytest_llmperf.sim.config import SimConfig
 from pytest_llmperf.sim.engine import Engine
 from pytest_llmperf.sim.exposition import METRICS_CONTENT_TYPE, SimMetrics
 from pytest_llmperf.sim.kvcache import block_hashes
-from pytest_llmperf.sim.perfmodel import PerfModel
-from pytest_llmperf.sim.protocol import ApiError, check_model, error_response, json_body, parse_generation, tokenize_body
+from pytest_llmperf.sim.protocol import (
+    ApiError,
+    check_model,
+    error_response,
+    json_body,
+    parse_generation,
+    tokenize_body,
+)
 from pytest_llmperf.sim.responses import Generation
 from pytest_llmperf.sim.scheduler import Sequence
 from pytest_llmperf.sim.textgen import plan_output
 from pytest_llmperf.sim.tokenizer import SimTokenizer, TokenizerError
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from starlette.requests import Request
+
+    from pytest_llmperf.sim.perfmodel import PerfModel
 
 
 @dataclass
@@ -42,7 +54,7 @@ class SimState:
     requests_seen: int = 0
 
     @classmethod
-    def create(cls, config: SimConfig) -> "SimState":
+    def create(cls, config: SimConfig) -> SimState:
         perf = config.perf_model()
         engine = Engine(perf)
         metrics = SimMetrics(engine.core, config.served_model_name)

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from pytest_llmperf.sim.config import SimConfig
 from pytest_llmperf.sim.presets import PRESET_NAMES, PRESETS
 from pytest_llmperf.sim.server import PortInUseError, serve
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
 
 
 def _number(kind: str, check: Callable[[float], bool], cast: Callable[[str], float] = float) -> Callable[[str], float]:

@@ -9,11 +9,14 @@ instead of replaying a burst of back-to-back steps. Idle, it waits on a future: 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from time import perf_counter
-from typing import Callable
+from typing import TYPE_CHECKING
 
-from pytest_llmperf.sim.perfmodel import PerfModel
 from pytest_llmperf.sim.scheduler import SchedulerCore, Sequence
+
+if TYPE_CHECKING:
+    from pytest_llmperf.sim.perfmodel import PerfModel
 
 # Falling further behind than this (wall seconds) starts the next step from "now".
 RESYNC_AFTER_S = 0.05

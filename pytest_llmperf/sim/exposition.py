@@ -7,13 +7,16 @@ histograms are observed, once per request.
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from pytest_llmperf.sim.scheduler import SchedulerCore, Sequence
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from pytest_llmperf.sim.scheduler import SchedulerCore, Sequence
 
 # vLLM's bucket boundaries (vllm/v1/metrics/loggers.py), so dashboards built for vLLM work.
 TTFT_BUCKETS_S = (

@@ -10,7 +10,10 @@ freed first.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 
 def block_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:

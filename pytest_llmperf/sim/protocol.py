@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any
 
-from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from pytest_llmperf.errors import LLMPerfError
 from pytest_llmperf.sim.tokenizer import SimTokenizer, TokenizerError
+
+if TYPE_CHECKING:
+    from starlette.requests import Request
 
 _ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError", 503: "ServiceUnavailableError"}
 

@@ -14,15 +14,15 @@ from contextvars import ContextVar
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
-from starlette.types import Receive, Scope, Send
-
 from pytest_llmperf.sim.engine import sleep_until
-from pytest_llmperf.sim.protocol import GenRequest
 from pytest_llmperf.sim.scheduler import FINISHED, Sequence
-from pytest_llmperf.sim.textgen import OutputPlan
 
 if TYPE_CHECKING:
+    from starlette.types import Receive, Scope, Send
+
     from pytest_llmperf.sim.app import SimState
+    from pytest_llmperf.sim.protocol import GenRequest
+    from pytest_llmperf.sim.textgen import OutputPlan
 
 # Set in a request's context when it deliberately breaks its connection, so the server's log
 # filter can keep uvicorn from reporting the incomplete response as an application error.

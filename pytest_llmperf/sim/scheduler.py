@@ -20,10 +20,12 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_llmperf.sim.kvcache import BlockPool
-from pytest_llmperf.sim.perfmodel import PerfModel
+
+if TYPE_CHECKING:
+    from pytest_llmperf.sim.perfmodel import PerfModel
 
 WAITING, RUNNING, FINISHED = 0, 1, 2
 

@@ -12,15 +12,19 @@ import logging
 import socket
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
-from starlette.applications import Starlette
 
 from pytest_llmperf.errors import LLMPerfError
 from pytest_llmperf.sim.app import SimState, build_app
-from pytest_llmperf.sim.responses import SIMULATED_DROP
 from pytest_llmperf.sim.config import SimConfig
+from pytest_llmperf.sim.responses import SIMULATED_DROP
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from starlette.applications import Starlette
 
 # How long uvicorn lets in-flight responses finish on shutdown before cancelling them. The
 # engine aborts every sequence first, so streams normally end well within this.
@@ -142,7 +146,7 @@ class SimHandle:
             self._server.force_exit = True
             self._thread.join(timeout_s)
 
-    def __enter__(self) -> "SimHandle":
+    def __enter__(self) -> SimHandle:
         return self
 
     def __exit__(self, *exc: object) -> None:

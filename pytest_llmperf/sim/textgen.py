@@ -10,9 +10,12 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING
 
 from pytest_llmperf.sim.tokenizer import VOCAB_WORDS, word_piece
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 _TABLE_SIZE = 4096
 WORD_TABLE: tuple[str, ...] = tuple(

@@ -22,7 +22,8 @@ from __future__ import annotations
 import re
 import zlib
 from collections import OrderedDict
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from pytest_llmperf.errors import InputError
 

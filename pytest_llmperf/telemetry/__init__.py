@@ -9,10 +9,10 @@
 from __future__ import annotations
 
 from pytest_llmperf.telemetry.gpu import (
+    THROTTLING_REASONS,
     GpuDeviceStats,
     GpuSampler,
     GpuTelemetry,
-    THROTTLING_REASONS,
     decode_clock_event_reasons,
 )
 from pytest_llmperf.telemetry.prometheus import (

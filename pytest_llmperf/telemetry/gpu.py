@@ -14,8 +14,11 @@ import importlib
 import math
 import threading
 from dataclasses import dataclass, field
-from types import ModuleType
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping, Sequence
+    from types import ModuleType
 
 DEFAULT_GPU_INTERVAL_S = 0.5
 
@@ -111,7 +114,7 @@ class GpuDeviceStats:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "GpuDeviceStats":
+    def from_dict(cls, data: Mapping[str, Any]) -> GpuDeviceStats:
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in data.items() if k in known})
 
@@ -144,7 +147,7 @@ class GpuTelemetry:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "GpuTelemetry":
+    def from_dict(cls, data: Mapping[str, Any]) -> GpuTelemetry:
         return cls(
             available=bool(data["available"]),
             reason=data.get("reason"),
@@ -354,7 +357,7 @@ class GpuSampler:
         self.result = GpuTelemetry(available=True, interval_s=self.interval_s, devices=devices)
         return self.result
 
-    def __enter__(self) -> "GpuSampler":
+    def __enter__(self) -> GpuSampler:
         self.start()
         return self
 

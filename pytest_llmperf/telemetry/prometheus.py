@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from pytest_llmperf.errors import InputError
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 # The normalised vocabulary. Gauges describe the instant of the scrape; counters only ever grow,
 # so a run's share of them is a difference between two scrapes.
@@ -148,7 +151,7 @@ class Snapshot:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Snapshot":
+    def from_dict(cls, data: Mapping[str, Any]) -> Snapshot:
         return cls(
             time_s=float(data["time_s"]),
             values={str(k): float(v) for k, v in dict(data.get("values", {})).items()},

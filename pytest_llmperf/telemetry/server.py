@@ -11,12 +11,15 @@ import asyncio
 import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
 from pytest_llmperf.telemetry.prometheus import COUNTERS, GAUGES, Snapshot, TelemetryError, parse_exposition
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 DEFAULT_INTERVAL_S = 1.0
 DEFAULT_TIMEOUT_S = 2.0
@@ -191,7 +194,7 @@ class ServerTelemetry:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "ServerTelemetry":
+    def from_dict(cls, data: Mapping[str, Any]) -> ServerTelemetry:
         def snap(d: Mapping[str, Any] | None) -> Snapshot | None:
             return Snapshot.from_dict(d) if d else None
 
@@ -398,7 +401,7 @@ class TelemetrySampler:
         )
         return self.result
 
-    async def __aenter__(self) -> "TelemetrySampler":
+    async def __aenter__(self) -> TelemetrySampler:
         await self.start()
         return self
 

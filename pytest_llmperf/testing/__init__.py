@@ -9,9 +9,12 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from pytest_llmperf.testing.tiny_gguf import TinyModelError, build_tiny_llama_gguf
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
 
 __all__ = [
     "LLAMA_SERVER_ENV",

@@ -23,12 +23,15 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pytest_llmperf.errors import InputError
 from pytest_llmperf.load.prompts import COMMON_WORDS
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
 
 BOS_EOS_TOKEN = "<|endoftext|>"
 IM_START_TOKEN = "<|im_start|>"
