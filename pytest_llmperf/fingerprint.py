@@ -261,7 +261,7 @@ def collect_gpu(nvml: Any = None, environ: Mapping[str, str] | None = None) -> d
     environ = os.environ if environ is None else environ
     if nvml is None:
         try:
-            import pynvml as nvml  # type: ignore[import-not-found, no-redef]
+            import pynvml as nvml  # type: ignore[no-redef]
         except Exception:
             return dict(_NO_GPU)
     try:

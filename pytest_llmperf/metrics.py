@@ -15,14 +15,18 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from pytest_llmperf.records import PHASE_MEASURE, PHASE_WARMUP, RequestRecord
 
-if TYPE_CHECKING:
-    from pytest_llmperf.objectives import SLO
+
+class SLO(Protocol):
+    """What the metrics need of an SLO (:class:`pytest_llmperf.objectives.SLO`): whether one
+    request was good. A protocol, so metrics stay below objectives (which builds on them)."""
+
+    def is_good(self, record: RequestRecord) -> bool: ...
 
 METRICS = ("ttft", "ttfvt", "tpot", "itl", "e2e")
 STATS = ("p50", "p90", "p95", "p99", "mean", "max")

@@ -95,7 +95,8 @@ class SLO:
             if key not in VALID_KEYS:
                 raise SLOError(_unknown_key_message(key, source))
         latency = tuple(
-            LatencyThreshold(key, *key.split("_", 1), _number(source, key, value, low=0.0, low_open=True))
+            LatencyThreshold(key, key.split("_", 1)[0], key.split("_", 1)[1],
+                             _number(source, key, value, low=0.0, low_open=True))
             for key, value in mapping.items()
             if key in LATENCY_KEYS and value is not None
         )
@@ -167,7 +168,7 @@ class SLO:
                 value = getattr(record, f"{threshold.metric}_s")
                 if value is None:
                     return False
-            if value > threshold.limit_s:
+            if value is not None and value > threshold.limit_s:
                 return False
         return True
 

@@ -89,11 +89,11 @@ class RequestRecord:
         return (e2e - ttft) / (self.output_tokens - 1)
 
     def to_dict(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.__slots__}  # type: ignore[attr-defined]
+        return {name: getattr(self, name) for name in self.__slots__}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RequestRecord:
-        known = set(cls.__slots__)  # type: ignore[attr-defined]
+        known = set(cls.__slots__)
         return cls(**{k: v for k, v in data.items() if k in known})
 
 

@@ -487,7 +487,8 @@ def compare_sequences(
                     f"{name}: statistic 'rate' needs a {side} sequence of 0/1 good-request indicators"
                 )
         prepared = (b, c)
-        stat = _RateStat(float(baseline_window_s), float(candidate_window_s))  # type: ignore[arg-type]
+        assert baseline_window_s is not None and candidate_window_s is not None
+        stat: _RateStat | _MeanStat | _QuantileStat = _RateStat(float(baseline_window_s), float(candidate_window_s))
         min_n, need = MIN_TAIL_SAMPLES, f"at least {MIN_TAIL_SAMPLES} requests per side"
     elif statistic == "mean":
         prepared = (b, c)
@@ -534,11 +535,11 @@ def compare_sequences(
     rng = np.random.default_rng(seed)
     lens = []
     boot_logs = []
-    for side, arr in enumerate(prepared):
+    for side_index, arr in enumerate(prepared):
         plan = _block_plan(arr)
         ell = min(block_len if block_len is not None else plan.length, arr.size)
         lens.append(ell)
-        logs = _block_bootstrap_log_stat(arr, stat, side, ell, n_resamples, rng)
+        logs = _block_bootstrap_log_stat(arr, stat, side_index, ell, n_resamples, rng)
         finite = np.isfinite(logs)
         if finite.any():
             # Widen the replicates about their centre by the bias correction (see _BlockPlan).

@@ -139,8 +139,10 @@ class LengthDist:
         if self.dist == "choice":
             return rng.choice(np.asarray(self.values, dtype=np.int64), size=n)
         if self.dist == "uniform":
-            return rng.integers(self.min, self.max + 1, size=n)  # type: ignore[operator]
+            assert self.min is not None and self.max is not None
+            return rng.integers(self.min, self.max + 1, size=n)
         if self.dist == "normal":
+            assert self.mean is not None and self.std is not None
             raw = rng.normal(self.mean, self.std, size=n)
         else:
             raw = rng.lognormal(np.log(self.mean), self.sigma, size=n)  # type: ignore[arg-type]

@@ -93,8 +93,10 @@ def compare_entries(
     for g in gated_stats(slo):
         b_vals = [_trial_stat(t, g) for t in base_trials]
         c_vals = [_trial_stat(t, g) for t in cand_trials]
-        if len(b_vals) >= 2 and len(c_vals) >= 2 and None not in b_vals and None not in c_vals:
-            comp = compare_trials(g.key, b_vals, c_vals, higher_is_better=g.higher_is_better,
+        b_known = [v for v in b_vals if v is not None]
+        c_known = [v for v in c_vals if v is not None]
+        if len(b_vals) >= 2 and len(c_vals) >= 2 and len(b_known) == len(b_vals) and len(c_known) == len(c_vals):
+            comp = compare_trials(g.key, b_known, c_known, higher_is_better=g.higher_is_better,
                                   tolerance=tolerance, alpha=alpha, unit=g.unit)
             comp = _tail_floor(comp, g, baseline, candidate)
         else:
@@ -214,7 +216,7 @@ def compare_capacity(key: str, baseline: Mapping[str, Any], candidate: Mapping[s
     out = RunComparison(key=key, label=candidate.get("label", key),
                         allowed_diffs=[d.describe() for d in allowed] if allowed else [])
     nan = math.nan
-    common = dict(name="capacity_rps", unit="req/s", higher_is_better=True, theta=nan, p_value=nan,
+    common: dict[str, Any] = dict(name="capacity_rps", unit="req/s", higher_is_better=True, theta=nan, p_value=nan,
                   p_adjusted=nan, tolerance=tolerance, alpha=alpha, mode="search", n_baseline=1,
                   n_candidate=1, method="capacity search brackets")
     if not b_lo or not c_lo:

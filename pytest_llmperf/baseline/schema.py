@@ -70,7 +70,9 @@ def is_capacity(entry: Mapping[str, Any]) -> bool:
 def entry_slo(entry: Mapping[str, Any], *, source: str | None = None) -> SLO | None:
     """The SLO an entry was measured under (raises SLOError on a malformed one)."""
     raw = entry.get("slo")
-    return SLO.parse(raw, source=source) if raw else None
+    if not raw:
+        return None
+    return SLO.parse(raw, source=source) if source is not None else SLO.parse(raw)
 
 
 SAMPLE_SERIES = ("ttft_s", "ttfvt_s", "tpot_s", "e2e_s", "good")

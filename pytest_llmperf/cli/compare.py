@@ -109,7 +109,7 @@ def load_side(spec: str, store: BaselineStore, pool: int = 1) -> RunSource:
     runs = store.history(spec, limit=pool) if pool > 1 else [store.latest(spec)]
     newest = runs[0]
     entries = entries_from_document(newest.run, newest.path)
-    history: dict[str, list[dict[str, Any]]] = {}
+    history: dict[str, list[SavedEntry]] = {}
     for older in runs[1:]:
         for key, entry in entries_from_document(older.run, older.path).items():
             if key in entries and entry.get("fingerprint") == entries[key].get("fingerprint"):
@@ -117,7 +117,7 @@ def load_side(spec: str, store: BaselineStore, pool: int = 1) -> RunSource:
     return RunSource(spec, newest.path, entries, name=spec, history=history)
 
 
-def entries_from_document(doc: Any, path: Path) -> dict[str, dict[str, Any]]:
+def entries_from_document(doc: Any, path: Path) -> dict[str, SavedEntry]:
     """Run entries by key from a saved session (``tests`` maps keys to entries) or from an
     ``llmperf.json`` report (``tests`` lists tests, each with its ``runs``)."""
     if not isinstance(doc, Mapping) or "tests" not in doc:

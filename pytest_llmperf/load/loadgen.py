@@ -226,7 +226,7 @@ class LoadGenerator:
     def _spawn(self, request: Any, record: RequestRecord) -> asyncio.Task:
         task = asyncio.create_task(self._guarded_send(request, record))
         self._tasks[task] = record
-        task.add_done_callback(self._tasks.pop)  # type: ignore[arg-type]
+        task.add_done_callback(self._tasks.pop)
         return task
 
     # ------------------------------------------------------------------ arrival loops

@@ -119,7 +119,7 @@ async def run_in_workers(
     for k, share in enumerate(shares):
         parent_end, child_end = ctx.Pipe(duplex=False)
         job = _Job(k, n, share, spec, origin_s, start_at_s, progress_interval_s, progress is not None, overload)
-        proc = ctx.Process(target=_worker_main, args=(child_end, job, make), name=f"llmperf-worker-{k}",
+        proc = ctx.Process(target=_worker_main, args=(child_end, job, make), name=f"llmperf-worker-{k}",  # type: ignore[attr-defined]
                            daemon=True)
         proc.start()
         child_end.close()
@@ -276,7 +276,7 @@ async def _worker_run(pipe: Any, job: _Job, make: Callable[[int, str], PreparedR
             progress_interval_s=job.progress_interval_s,
             prepare=client.encode,
             start_at_s=job.start_at_s,
-            index_filter=(lambda i, k=job.index, n=job.count: i % n == k) if open_loop and job.count > 1 else None,
+            index_filter=_share_filter(job.index, job.count) if open_loop and job.count > 1 else None,
             # Each worker sees its 1/n share of the arrivals, hence of the backlog's growth.
             overload=job.overload,
         )
@@ -285,3 +285,10 @@ async def _worker_run(pipe: Any, job: _Job, make: Callable[[int, str], PreparedR
 
 
 __all__ = ["ClientSpec", "WorkerError", "merge_outcomes", "run_in_workers", "worker_shares"]
+
+
+def _share_filter(index: int, count: int) -> Callable[[int], bool]:
+    """Worker ``index`` of ``count`` sends every ``count``-th arrival, starting at its index."""
+    def keep(i: int) -> bool:
+        return i % count == index
+    return keep

@@ -11,6 +11,8 @@ import pytest
 from pytest_llmperf.cli.options import LLMPerfOptions
 
 if TYPE_CHECKING:
+    from pytest_llmperf.objectives import SLO  # noqa: F401 - named in a StashKey's type string
+    from pytest_llmperf.plugin.perf import LLMPerf  # noqa: F401 - named in a StashKey's type string
     from pytest_llmperf.plugin.session import LLMPerfSession
 
 SLO_MARKER_HELP = (

@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 
 from pytest_llmperf.baseline.samples import unpack_samples
+from pytest_llmperf.report.files import atomic_write_bytes
 from pytest_llmperf.report.markdown import PLOTS_MISSING_NOTE, iter_runs, run_names
-from pytest_llmperf.report.writers import atomic_write_bytes
 
 FORMATS = ("png", "svg")
 # An ECDF of 100k requests drawn point by point makes multi-megabyte SVGs; this many evenly spaced
@@ -83,8 +83,8 @@ def write_plots(doc: Mapping[str, Any], out_dir: Path | str) -> PlotFiles:
     baseline = (doc.get("baseline") or {}).get("name")
     for _, run in iter_runs(doc):
         key = str(run.get("key"))
-        series = {m: (samples(run.get("trials")), samples(run.get("baseline_trials"))) for m in ("ttft_s", "tpot_s")}
-        series = {m: (_pick(c, m), _pick(b, m)) for m, (c, b) in series.items()}
+        raw = {m: (samples(run.get("trials")), samples(run.get("baseline_trials"))) for m in ("ttft_s", "tpot_s")}
+        series = {m: (_pick(c, m), _pick(b, m)) for m, (c, b) in raw.items()}
         if not any(c.size or b.size for c, b in series.values()):
             continue
         stem = _unique_stem(key, "-latency", stems)

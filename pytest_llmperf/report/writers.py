@@ -11,14 +11,16 @@ from __future__ import annotations
 import json
 import math
 import numbers
-import os
-import secrets
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_llmperf.errors import LLMPerfError
 from pytest_llmperf.report.document import without_samples
+from pytest_llmperf.report.files import atomic_write_text
+
+if TYPE_CHECKING:
+    import os
 
 JSON_NAME = "llmperf.json"
 JUNIT_NAME = "llmperf-junit.xml"
@@ -94,30 +96,6 @@ def json_safe(value: Any) -> Any:
     if isinstance(enum_value, (str, int)):
         return enum_value
     return str(value)
-
-
-def atomic_write_text(path: Path, text: str) -> Path:
-    return atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> Path:
-    """Write ``data`` to ``path`` via a temp file in the same directory and ``os.replace``."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    # os.open with 0o666 lets the umask decide the mode, as for any ordinary file (mkstemp would
-    # leave the report readable by its owner only, which breaks CI artefact uploads by other users).
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return path
 
 
 def append_step_summary(path: Path, markdown: str) -> None:

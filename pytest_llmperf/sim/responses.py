@@ -144,7 +144,7 @@ class Generation:
         r = min(plan.reasoning_tokens, n)
         choice: dict[str, Any]
         if self.req.api == "chat":
-            message = {
+            message: dict[str, Any] = {
                 "role": "assistant",
                 "content": plan.text(r, n),
                 "reasoning_content": plan.text(0, r) if r else None,

@@ -249,7 +249,7 @@ def _check_tensor_names(gguf: Any, names: Sequence[str], n_layer: int) -> None:
     # The names above are spelled out for readability; make sure they are what gguf-py (and so
     # llama.cpp) calls the llama tensors, so a rename upstream fails here, not in the server.
     arch = gguf.MODEL_ARCH.LLAMA
-    known = set()
+    known: set[str] = set()
     for tensor in gguf.MODEL_TENSORS[arch]:
         template = gguf.TENSOR_NAMES[tensor]
         known.update(template.format(bid=i) + ".weight" for i in range(n_layer))
