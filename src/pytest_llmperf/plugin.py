@@ -629,6 +629,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         if not s.validity.valid:
             status += " (invalid run)"
             notes.append(f"{nodeid.split('::')[-1]}: invalid run: {'; '.join(s.validity.reasons)}")
+        for warning in s.validity.warnings:
+            notes.append(f"{nodeid.split('::')[-1]}: warning: {warning}")
         digest = _failed_requests(result)
         if digest:
             notes.append(f"{nodeid.split('::')[-1]}: {digest}")

@@ -18,6 +18,7 @@ token comes out of the step that finishes the prompt and every decode step adds 
 from __future__ import annotations
 
 import itertools
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -285,6 +286,71 @@ class SchedulerCore:
         stats.prompt_tokens += prompt_tokens
         stats.steps += 1
         return first, done
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayedRequest:
+    """One request's modelled timeline from :func:`replay` (seconds on the arrivals' clock)."""
+
+    arrival_s: float
+    first_token_s: float
+    finish_s: float
+    output_tokens: int
+
+    @property
+    def ttft_s(self) -> float:
+        """Queueing plus prefill: arrival -> the end of the step that computes the last prompt token."""
+        return self.first_token_s - self.arrival_s
+
+    @property
+    def tpot_s(self) -> float | None:
+        """(finish - first token) / (output_tokens - 1); None for a one-token answer."""
+        if self.output_tokens < 2:
+            return None
+        return (self.finish_s - self.first_token_s) / (self.output_tokens - 1)
+
+
+def replay(perf: PerfModel, requests: list[tuple[float, int, int]]) -> list[ReplayedRequest]:
+    """Run the scheduler offline on a fixed arrival schedule, stepping time as :class:`Engine` does.
+
+    ``requests`` holds ``(arrival_s, prompt_len, output_len)`` on any clock in wall seconds; cold
+    prompts (no prefix hits) that run to ``output_len``. The live driver's rules are followed
+    exactly: a step starts when the previous one ends (back to back while there is work, each
+    lasting ``cost_s × time_scale``), or at the arrival that wakes an idle engine; a request that
+    arrives while a step is in flight joins the *next* step. So the result is what the live
+    simulator should produce on that schedule, less event-loop jitter and HTTP time.
+    Results are in input order.
+    """
+    order = sorted(range(len(requests)), key=lambda i: requests[i][0])
+    core = SchedulerCore(perf)
+    bs = perf.block_size
+    scale = perf.time_scale
+    unique = itertools.count(1)
+    seqs: list[Sequence | None] = [None] * len(requests)
+    t = -math.inf
+    k = 0
+    while k < len(order) or core.has_work:
+        while k < len(order) and requests[order[k]][0] <= t:
+            i = order[k]
+            _, prompt_len, output_len = requests[i]
+            hashes = [next(unique) for _ in range(prompt_len // bs)]
+            seq = Sequence(f"replay-{i}", prompt_len, hashes, output_len, arrival_s=requests[i][0])
+            core.add(seq)
+            seqs[i] = seq
+            k += 1
+        plan = core.schedule() if core.has_work else None
+        if plan is None:
+            if k >= len(order):
+                raise RuntimeError("scheduler stalled with work queued (KV cache too small?)")
+            t = requests[order[k]][0]  # idle: the next arrival wakes the engine
+            continue
+        t += plan.cost_s * scale
+        core.complete(plan, t)
+    out = []
+    for seq in seqs:
+        assert seq is not None and seq.first_token_s is not None and seq.finish_s is not None
+        out.append(ReplayedRequest(seq.arrival_s, seq.first_token_s, seq.finish_s, seq.num_output))
+    return out
 
 
 def steady_state_throughput_rps(perf: PerfModel, input_tokens: int, output_tokens: int) -> float:
