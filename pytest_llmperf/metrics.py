@@ -140,6 +140,8 @@ class Validity:
       generator; invalid when > 50 ms (timestamps were taken late).
     - ``littles_law_ratio``: see :func:`littles_law_ratio`; invalid outside [0.8, 1.25] once at
       least 20 requests completed.
+    - ``warnings``: patterns worth a look that do not make the run invalid (the latencies are
+      what a client of that server sees), e.g. :func:`delayed_ack_stall_warning`.
     """
 
     dispatch_lag_p50_s: float | None = None
@@ -148,14 +150,18 @@ class Validity:
     littles_law_ratio: float | None = None
     valid: bool = True
     reasons: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["reasons"] = list(self.reasons)
+        out["warnings"] = list(self.warnings)
         return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Validity:
+        if isinstance(data, Mapping) and "warnings" not in data:
+            data = {**data, "warnings": []}  # written before warnings existed
         raw = _picked(cls, data, "Validity")
         return cls(
             dispatch_lag_p50_s=_opt_float(raw["dispatch_lag_p50_s"]),
@@ -164,6 +170,7 @@ class Validity:
             littles_law_ratio=_opt_float(raw["littles_law_ratio"]),
             valid=bool(raw["valid"]),
             reasons=[str(r) for r in raw["reasons"]],
+            warnings=[str(w) for w in raw["warnings"] or []],
         )
 
 
@@ -390,6 +397,69 @@ def littles_law_ratio(
     return mean_in_flight / expected
 
 
+# Where a held first write shows up: Linux's minimum delayed-ACK timeout is 40 ms (TCP_DELACK_MIN),
+# macOS and Windows use 100-200 ms; a stall clusters just above one of these.
+DELAYED_ACK_BAND_S = (0.030, 0.250)
+DELAYED_ACK_CLUSTER_WIDTH_S = 0.004
+DELAYED_ACK_MIN_SHARE = 0.2
+DELAYED_ACK_MIN_REQUESTS = 5
+
+
+def delayed_ack_stall_warning(records: Sequence[RequestRecord]) -> str | None:
+    """A warning when first tokens look held back by Nagle's algorithm until a delayed ACK.
+
+    When a server writes the response headers and then, a little later, the first small SSE
+    chunk on a socket without TCP_NODELAY, the kernel holds that chunk until the client ACKs
+    the headers, and the client delays that ACK (40 ms on Linux, 100-200 ms elsewhere). The
+    stream then shows two things at once, which is what this looks for among successful
+    streams that received headers before their first token:
+
+    - the gap ``first_token_s - headers_s`` piles up in one ``DELAYED_ACK_CLUSTER_WIDTH_S``-wide
+      window inside ``DELAYED_ACK_BAND_S``, for at least ``DELAYED_ACK_MIN_SHARE`` of those
+      streams (and ``DELAYED_ACK_MIN_REQUESTS``): a timer, not prefill, since prefill time
+      varies with queueing;
+    - in at least half of the streams in that window, the first two token chunks arrived in
+      the same read: the held chunk went out together with the tokens generated meanwhile.
+
+    A server whose TTFT genuinely sits at ~40 ms sends its first token alone, so the second
+    condition keeps such runs quiet. Returns None when the pattern is absent.
+    """
+    gaps: list[float] = []
+    coalesced: list[bool] = []
+    for r in records:
+        if not r.ok or r.headers_s is None or r.first_token_s is None or len(r.chunk_times_s) < 2:
+            continue
+        gaps.append(r.first_token_s - r.headers_s)
+        coalesced.append(r.chunk_times_s[1] == r.chunk_times_s[0])
+    if len(gaps) < DELAYED_ACK_MIN_REQUESTS:
+        return None
+    g = np.asarray(gaps, dtype=float)
+    order = np.argsort(g)
+    g, together = g[order], np.asarray(coalesced)[order]
+    low, high = DELAYED_ACK_BAND_S
+    lo_idx = int(np.searchsorted(g, low))
+    hi_idx = int(np.searchsorted(g, high))
+    best, best_at = 0, -1
+    for i in range(lo_idx, hi_idx):
+        j = int(np.searchsorted(g, g[i] + DELAYED_ACK_CLUSTER_WIDTH_S, side="right"))
+        j = min(j, hi_idx)
+        if j - i > best:
+            best, best_at = j - i, i
+    if best < max(DELAYED_ACK_MIN_REQUESTS, DELAYED_ACK_MIN_SHARE * len(g)):
+        return None
+    window = slice(best_at, best_at + best)
+    if together[window].mean() < 0.5:
+        return None
+    at_ms = float(np.median(g[window])) * 1e3
+    return (
+        f"{best} of {len(g)} streams ({best / len(g):.0%}) got their first token a fixed ~{at_ms:.0f} ms after "
+        "the response headers, together with later tokens in one read: the signature of Nagle's algorithm "
+        "on the server's socket meeting the client's delayed ACK (40 ms on Linux). TTFT there is a TCP timer, "
+        "not the engine; check that the server sets TCP_NODELAY on accepted connections (an asyncio server "
+        "on a listening socket created without IPPROTO_TCP does not)"
+    )
+
+
 def _validity(
     measured: Sequence[RequestRecord],
     completed: int,
@@ -421,6 +491,10 @@ def _validity(
             f"Little's-law ratio {ratio:.2f} outside [{low}, {high}]: mean in-flight does not match "
             "departure rate x mean latency (not in steady state, or requests hung)"
         )
+    warnings: list[str] = []
+    stall = delayed_ack_stall_warning(measured)
+    if stall is not None:
+        warnings.append(stall)
     return Validity(
         dispatch_lag_p50_s=lag_p50,
         dispatch_lag_p99_s=lag_p99,
@@ -428,6 +502,7 @@ def _validity(
         littles_law_ratio=ratio,
         valid=not reasons,
         reasons=reasons,
+        warnings=warnings,
     )
 
 

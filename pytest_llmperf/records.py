@@ -33,6 +33,8 @@ class RequestRecord:
     request_type: str = "default"
     scheduled_s: float = 0.0
     sent_s: float = 0.0
+    # When the response's status line and headers arrived (None if they never did).
+    headers_s: float | None = None
     end_s: float | None = None
     first_token_s: float | None = None
     first_visible_s: float | None = None

@@ -87,7 +87,7 @@ def pooled_summary(trials: list[TrialResult], slo: SLO | None) -> Summary:
             c = dataclasses.replace(r, chunk_times_s=[t + delta for t in r.chunk_times_s])
             c.scheduled_s += delta
             c.sent_s += delta
-            for name in ("end_s", "first_token_s", "first_visible_s"):
+            for name in ("headers_s", "end_s", "first_token_s", "first_visible_s"):
                 value = getattr(c, name)
                 if value is not None:
                     setattr(c, name, value + delta)

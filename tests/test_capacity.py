@@ -17,6 +17,7 @@ from pytest_llmperf.objectives import SLO
 from pytest_llmperf.records import RequestRecord
 from pytest_llmperf.servers.process import ServerProcess, free_port
 from pytest_llmperf.sim import SimConfig
+from pytest_llmperf.sim.scheduler import saturation_rps
 from pytest_llmperf.workload import Workload
 
 
@@ -143,8 +144,8 @@ def test_capacity_matches_the_simulators_saturation_and_drops_with_a_slowdown(tm
 
     with ThreadPoolExecutor(2) as pool:  # the two searches are light enough to share the cores
         base, slow = pool.map(find, [1.0, 1.3])
-    expected = SimConfig().perf_model().saturation_rps(1024, 16)
-    expected_slow = SimConfig(slowdown=1.3).perf_model().saturation_rps(1024, 16)
+    expected = saturation_rps(SimConfig().perf_model(), 1024, 16)
+    expected_slow = saturation_rps(SimConfig(slowdown=1.3).perf_model(), 1024, 16)
     assert base.capacity_rps == pytest.approx(expected, rel=0.10), base.to_dict()
     assert slow.capacity_rps == pytest.approx(expected_slow, rel=0.10), slow.to_dict()
     assert slow.capacity_rps < base.capacity_rps

@@ -11,6 +11,7 @@ import pytest
 from pytest_llmperf.metrics import (
     Distribution,
     Summary,
+    delayed_ack_stall_warning,
     littles_law_ratio,
     per_request_samples,
     request_itl_s,
@@ -334,3 +335,43 @@ def test_littles_law_ratio_integrates_only_inside_the_window():
     straddler = rec(0, scheduled=-1.0, ttft=0.5, e2e=2.0)
     assert littles_law_ratio([straddler], 0.0, 2.0) == pytest.approx(0.5)
     assert littles_law_ratio([straddler], 2.0, 2.0) is None
+
+
+# ---------------------------------------------------------------------- delayed-ACK stall warning
+
+
+def _stream(i: int, headers: float, first: float, second: float) -> RequestRecord:
+    r = rec(i, scheduled=i * 0.05, ttft=first, chunks=[first, second] + [second + 0.006 * k for k in range(1, 20)],
+            e2e=second + 0.12, out=21)
+    r.headers_s = r.scheduled_s + headers
+    return r
+
+
+def test_first_tokens_held_to_a_delayed_ack_are_flagged():
+    rng = np.random.default_rng(0)
+    held = [_stream(i, 0.001, 0.001 + g, 0.001 + g) for i, g in enumerate(rng.uniform(0.0405, 0.0425, 30))]
+    fine = [_stream(100 + i, 0.001, t, t + 0.006) for i, t in enumerate(rng.uniform(0.008, 0.016, 70))]
+    s = summarize(held + fine)
+    (warning,) = s.validity.warnings
+    assert warning.startswith("30 of 100 streams (30%) got their first token a fixed ~4") and "TCP_NODELAY" in warning
+    assert s.validity.valid  # real latency, not a measurement fault
+    assert delayed_ack_stall_warning(held + fine) == warning
+    # it survives a round trip through the stored form, and older files without it still load
+    assert Summary.from_dict(json.loads(json.dumps(s.to_dict()))).validity.warnings == [warning]
+    old = s.to_dict()
+    del old["validity"]["warnings"]
+    assert Summary.from_dict(old).validity.warnings == []
+
+
+def test_a_genuine_ttft_near_40ms_is_not_flagged():
+    # The same tight cluster, but each first token arrives alone: the engine is just that slow.
+    rng = np.random.default_rng(1)
+    records = [_stream(i, 0.001, 0.001 + g, 0.001 + g + 0.006) for i, g in enumerate(rng.uniform(0.040, 0.042, 50))]
+    assert delayed_ack_stall_warning(records) is None
+    assert summarize(records).validity.warnings == []
+
+
+def test_scattered_coalesced_first_reads_are_not_flagged():
+    # First reads that carry two tokens but at no fixed offset (a client catching up, say).
+    records = [_stream(i, 0.001, 0.001 + g, 0.001 + g) for i, g in enumerate(np.linspace(0.03, 0.25, 40))]
+    assert delayed_ack_stall_warning(records) is None

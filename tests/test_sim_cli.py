@@ -45,6 +45,13 @@ def test_help_exits_zero(capsys):
     assert "--stamp-chunks" in capsys.readouterr().out
 
 
+def test_loop_choice_is_offered_and_checked(capsys):
+    assert main(["--help"]) == 0
+    assert "--loop {auto,asyncio,uvloop}" in capsys.readouterr().out
+    assert main(["--loop", "trio"]) == 2
+    assert "invalid choice" in capsys.readouterr().err
+
+
 def test_port_in_use_is_one_clear_line(capsys):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))

@@ -9,6 +9,7 @@ import pytest
 
 from pytest_llmperf.sim import PRESETS, PerfModel, SimConfig, get_preset
 from pytest_llmperf.sim.presets import GIB
+from pytest_llmperf.sim.scheduler import saturation_rps
 
 
 def model(name: str, **kw) -> PerfModel:
@@ -88,35 +89,35 @@ def test_tiny_preset_is_fast_and_zero_is_free():
     assert 0.0005 < tiny.tpot_s < 0.002
     zero = model("zero")
     assert zero.lone_request(1024, 64).e2e_s == 0.0
-    assert zero.saturation_rps(128, 64) == math.inf
+    assert saturation_rps(zero, 128, 64) == math.inf
 
 
 def test_saturation_with_one_slot_is_inverse_lone_latency():
     pm = model("tiny", max_num_seqs=1)
     lone = pm.lone_request(300, 40)
-    assert pm.saturation_rps(300, 40) == pytest.approx(1.0 / lone.e2e_s, rel=1e-6)
+    assert saturation_rps(pm, 300, 40) == pytest.approx(1.0 / lone.e2e_s, rel=1e-6)
 
 
 def test_saturation_scales_with_knobs_and_batching():
     base = model("tiny")
-    rps = base.saturation_rps(128, 64)
+    rps = saturation_rps(base, 128, 64)
     assert 20 < rps < 400  # tens of requests per second: reachable from a test client
-    assert model("tiny", slowdown=2.0).saturation_rps(128, 64) == pytest.approx(rps / 2, rel=1e-9)
-    assert model("tiny", time_scale=0.5).saturation_rps(128, 64) == pytest.approx(rps * 2, rel=1e-9)
+    assert saturation_rps(model("tiny", slowdown=2.0), 128, 64) == pytest.approx(rps / 2, rel=1e-9)
+    assert saturation_rps(model("tiny", time_scale=0.5), 128, 64) == pytest.approx(rps * 2, rel=1e-9)
     # Batching: eight slots carry far more than one, though less than eight times as much.
-    single = model("tiny", max_num_seqs=1).saturation_rps(128, 64)
+    single = saturation_rps(model("tiny", max_num_seqs=1), 128, 64)
     assert 3 * single < rps < 8 * single
-    assert base.saturation_rps(128, 256) < rps
+    assert saturation_rps(base, 128, 256) < rps
 
 
 def test_saturation_limited_by_kv_cache():
     # Room for only two 1k-token requests at a time, whatever max_num_seqs says.
     pm = model("tiny", num_gpu_blocks=2 * 64 + 10)
-    two = model("tiny", max_num_seqs=2).saturation_rps(1000, 24)
-    assert pm.saturation_rps(1000, 24) == pytest.approx(two, rel=0.02)
-    assert pm.saturation_rps(1000, 24) < 0.8 * model("tiny").saturation_rps(1000, 24)
+    two = saturation_rps(model("tiny", max_num_seqs=2), 1000, 24)
+    assert saturation_rps(pm, 1000, 24) == pytest.approx(two, rel=0.02)
+    assert saturation_rps(pm, 1000, 24) < 0.8 * saturation_rps(model("tiny"), 1000, 24)
     with pytest.raises(ValueError, match="max_model_len"):
-        pm.saturation_rps(5000, 10)
+        saturation_rps(pm, 5000, 10)
 
 
 def test_unknown_preset_lists_valid_ones():

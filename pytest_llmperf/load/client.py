@@ -308,6 +308,7 @@ class StreamingClient:
         record.sent_s = time.perf_counter() - self.origin_s
         try:
             response = await http.send(request, stream=True)
+            record.headers_s = time.perf_counter() - self.origin_s
             record.status_code = response.status_code
             await self._check_response(response)
             await self._consume(response, record, progress, encoded.request.api == "chat")
@@ -657,6 +658,7 @@ class _Exchange:
     def on_headers_complete(self) -> None:
         status = self.conn.parser.get_status_code()
         self.record.status_code = status
+        self.record.headers_s = self.t
         if status >= 400:
             self.mode = _ERROR_BODY
         elif not self.content_type.startswith("text/event-stream"):

@@ -27,6 +27,8 @@ def write_summary(tr: Any, session: LLMPerfSession) -> None:
         if not s.validity.valid:
             status += " (invalid run)"
             notes.append(f"{nodeid.split('::')[-1]}: invalid run: {'; '.join(s.validity.reasons)}")
+        for warning in s.validity.warnings:
+            notes.append(f"{nodeid.split('::')[-1]}: warning: {warning}")
         digest = failed_requests(result)
         if digest:
             notes.append(f"{nodeid.split('::')[-1]}: {digest}")

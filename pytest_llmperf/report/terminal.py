@@ -36,6 +36,8 @@ def summary_text(summary: Any, title: str | None = None) -> str:
     v = summary.validity
     if not v.valid:
         parts.append("INVALID RUN: " + "; ".join(v.reasons))
+    for warning in getattr(v, "warnings", ()):
+        parts.append("warning: " + warning)
     return "\n".join(parts)
 
 

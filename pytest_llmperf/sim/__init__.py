@@ -6,7 +6,7 @@ In-process use (tests)::
         httpx.post(sim.base_url + "/chat/completions", json={...})
 
 ``build_app(config)`` gives the bare ASGI app; ``PerfModel`` the numbers behind it
-(``SimConfig(...).perf_model().saturation_rps(512, 128)``). Formulas: docs/simulator.md.
+(``saturation_rps(SimConfig(...).perf_model(), 512, 128)`` in :mod:`.scheduler`). Formulas: docs/simulator.md.
 """
 
 from __future__ import annotations

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import random
-import time
 import uuid
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
@@ -15,8 +13,7 @@ from starlette.routing import Route
 
 from pytest_llmperf._version import __version__
 from pytest_llmperf.sim.config import SimConfig
-from pytest_llmperf.sim.engine import Engine
-from pytest_llmperf.sim.exposition import METRICS_CONTENT_TYPE, SimMetrics
+from pytest_llmperf.sim.exposition import METRICS_CONTENT_TYPE
 from pytest_llmperf.sim.kvcache import block_hashes
 from pytest_llmperf.sim.protocol import (
     ApiError,
@@ -28,47 +25,15 @@ from pytest_llmperf.sim.protocol import (
 )
 from pytest_llmperf.sim.responses import Generation
 from pytest_llmperf.sim.scheduler import Sequence
+from pytest_llmperf.sim.state import SimState
 from pytest_llmperf.sim.textgen import plan_output
-from pytest_llmperf.sim.tokenizer import SimTokenizer, TokenizerError
+from pytest_llmperf.sim.tokenizer import TokenizerError
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
     from starlette.requests import Request
 
-    from pytest_llmperf.sim.perfmodel import PerfModel
-
-
-@dataclass
-class SimState:
-    """Everything one app instance owns (one engine, one registry, one RNG for faults)."""
-
-    config: SimConfig
-    perf: PerfModel
-    engine: Engine
-    metrics: SimMetrics
-    tokenizer: SimTokenizer
-    model_name: str
-    rng: random.Random
-    created_s: int = field(default_factory=lambda: int(time.time()))
-    requests_seen: int = 0
-
-    @classmethod
-    def create(cls, config: SimConfig) -> SimState:
-        perf = config.perf_model()
-        engine = Engine(perf)
-        metrics = SimMetrics(engine.core, config.served_model_name)
-        engine.on_first_token = metrics.on_first_token
-        engine.on_finish = metrics.on_finish
-        return cls(
-            config=config,
-            perf=perf,
-            engine=engine,
-            metrics=metrics,
-            tokenizer=SimTokenizer(),
-            model_name=config.served_model_name,
-            rng=random.Random(config.seed),
-        )
 
 
 def build_app(config: SimConfig | None = None) -> Starlette:

@@ -13,6 +13,8 @@ from pytest_llmperf.sim.server import PortInUseError, serve
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
+LOOPS = ("auto", "asyncio", "uvloop")
+
 
 def _number(kind: str, check: Callable[[float], bool], cast: Callable[[str], float] = float) -> Callable[[str], float]:
     def parse(text: str) -> float:
@@ -60,6 +62,8 @@ def build_parser(prog: str = "llmperf sim") -> argparse.ArgumentParser:
     add("--max-num-batched-tokens", type=_positive_int, default=None, help="override the per-step token budget")
     add("--num-gpu-blocks", type=_positive_int, default=None, help="override the KV cache size in 16-token blocks")
     add("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="warning")
+    add("--loop", choices=LOOPS, default="auto",
+        help="event loop: auto (uvloop when installed), asyncio (the stdlib loop) or uvloop")
     return parser
 
 
@@ -72,13 +76,14 @@ def main(argv: Sequence[str] | None = None, prog: str = "llmperf sim") -> int:
         return exc.code if isinstance(exc.code, int) else 2
     options = vars(args)
     host, port, log_level = options.pop("host"), options.pop("port"), options.pop("log_level")
+    loop = options.pop("loop")
     try:
         config = SimConfig(**options)
     except ValueError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     try:
-        serve(config, host, port, log_level=log_level)
+        serve(config, host, port, log_level=log_level, loop=loop)
     except PortInUseError as exc:
         print(f"{prog}: error: {exc.strerror}", file=sys.stderr)
         return 2

@@ -16,7 +16,6 @@ The derivation and the source of every constant are in docs/simulator.md.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from pytest_llmperf.sim.presets import GIB, Preset
@@ -166,17 +165,3 @@ class PerfModel:
         decode = sum(self.decode_step_time_s(1, input_tokens + j) for j in range(output_tokens - 1))
         tpot = decode / (output_tokens - 1) if output_tokens > 1 else 0.0
         return LoneRequestTiming(ttft_s=ttft, tpot_s=tpot, e2e_s=ttft + decode)
-
-    def saturation_rps(self, input_tokens: int, output_tokens: int) -> float:
-        """Wall-clock request rate at which the scheduler saturates for a fixed-length workload.
-
-        Found by running the simulator's own scheduler in virtual time against an endless
-        backlog of cold (no prefix hits), ``ignore_eos`` requests and measuring the steady-state
-        completion rate; above it the waiting queue grows without bound. Divided by
-        ``time_scale`` to be in wall-clock terms. ``math.inf`` for the zero-cost preset.
-        """
-        from pytest_llmperf.sim.scheduler import steady_state_throughput_rps
-
-        if self.zero_cost:
-            return math.inf
-        return steady_state_throughput_rps(self, input_tokens, output_tokens) / self.time_scale

@@ -20,8 +20,8 @@ from pytest_llmperf.sim.scheduler import FINISHED, Sequence
 if TYPE_CHECKING:
     from starlette.types import Receive, Scope, Send
 
-    from pytest_llmperf.sim.app import SimState
     from pytest_llmperf.sim.protocol import GenRequest
+    from pytest_llmperf.sim.state import SimState
     from pytest_llmperf.sim.textgen import OutputPlan
 
 # Set in a request's context when it deliberately breaks its connection, so the server's log

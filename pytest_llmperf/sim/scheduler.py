@@ -18,6 +18,7 @@ token comes out of the step that finishes the prompt and every decode step adds 
 from __future__ import annotations
 
 import itertools
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -289,6 +290,71 @@ class SchedulerCore:
         return first, done
 
 
+@dataclass(frozen=True, slots=True)
+class ReplayedRequest:
+    """One request's modelled timeline from :func:`replay` (seconds on the arrivals' clock)."""
+
+    arrival_s: float
+    first_token_s: float
+    finish_s: float
+    output_tokens: int
+
+    @property
+    def ttft_s(self) -> float:
+        """Queueing plus prefill: arrival -> the end of the step that computes the last prompt token."""
+        return self.first_token_s - self.arrival_s
+
+    @property
+    def tpot_s(self) -> float | None:
+        """(finish - first token) / (output_tokens - 1); None for a one-token answer."""
+        if self.output_tokens < 2:
+            return None
+        return (self.finish_s - self.first_token_s) / (self.output_tokens - 1)
+
+
+def replay(perf: PerfModel, requests: list[tuple[float, int, int]]) -> list[ReplayedRequest]:
+    """Run the scheduler offline on a fixed arrival schedule, stepping time as :class:`Engine` does.
+
+    ``requests`` holds ``(arrival_s, prompt_len, output_len)`` on any clock in wall seconds; cold
+    prompts (no prefix hits) that run to ``output_len``. The live driver's rules are followed
+    exactly: a step starts when the previous one ends (back to back while there is work, each
+    lasting ``cost_s × time_scale``), or at the arrival that wakes an idle engine; a request that
+    arrives while a step is in flight joins the *next* step. So the result is what the live
+    simulator should produce on that schedule, less event-loop jitter and HTTP time.
+    Results are in input order.
+    """
+    order = sorted(range(len(requests)), key=lambda i: requests[i][0])
+    core = SchedulerCore(perf)
+    bs = perf.block_size
+    scale = perf.time_scale
+    unique = itertools.count(1)
+    seqs: list[Sequence | None] = [None] * len(requests)
+    t = -math.inf
+    k = 0
+    while k < len(order) or core.has_work:
+        while k < len(order) and requests[order[k]][0] <= t:
+            i = order[k]
+            _, prompt_len, output_len = requests[i]
+            hashes = [next(unique) for _ in range(prompt_len // bs)]
+            seq = Sequence(f"replay-{i}", prompt_len, hashes, output_len, arrival_s=requests[i][0])
+            core.add(seq)
+            seqs[i] = seq
+            k += 1
+        plan = core.schedule() if core.has_work else None
+        if plan is None:
+            if k >= len(order):
+                raise RuntimeError("scheduler stalled with work queued (KV cache too small?)")
+            t = requests[order[k]][0]  # idle: the next arrival wakes the engine
+            continue
+        t += plan.cost_s * scale
+        core.complete(plan, t)
+    out = []
+    for done in seqs:
+        assert done is not None and done.first_token_s is not None and done.finish_s is not None
+        out.append(ReplayedRequest(done.arrival_s, done.first_token_s, done.finish_s, done.num_output))
+    return out
+
+
 def steady_state_throughput_rps(perf: PerfModel, input_tokens: int, output_tokens: int) -> float:
     """Completions per *model* second with an endless backlog of identical cold requests."""
     if input_tokens < 1 or output_tokens < 1:
@@ -326,3 +392,16 @@ def steady_state_throughput_rps(perf: PerfModel, input_tokens: int, output_token
     if elapsed <= 0:
         raise RuntimeError("zero elapsed model time; the preset has no step cost")
     return measure / elapsed
+
+
+def saturation_rps(perf: PerfModel, input_tokens: int, output_tokens: int) -> float:
+    """Wall-clock request rate at which the scheduler saturates for a fixed-length workload.
+
+    Found by running the simulator's own scheduler in virtual time against an endless backlog of
+    cold (no prefix hits), ``ignore_eos`` requests and measuring the steady-state completion rate;
+    above it the waiting queue grows without bound. Divided by ``time_scale`` to be in wall-clock
+    terms. ``math.inf`` for the zero-cost preset.
+    """
+    if perf.zero_cost:
+        return math.inf
+    return steady_state_throughput_rps(perf, input_tokens, output_tokens) / perf.time_scale
