@@ -13,9 +13,45 @@ report an error, since only they know how the value was given.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 
 class LLMPerfError(Exception):
-    """Base of every error pytest-llmperf raises on purpose."""
+    """Base of every error pytest-llmperf raises on purpose.
+
+    ``remedy`` is the next step, with ``{flag}`` where the user's option goes and ``option`` the
+    option's name without prefix (``"allow-diff"``): the library does not know whether the user
+    runs pytest (``--llmperf-allow-diff``) or the CLI (``--allow-diff``), so front ends call
+    :meth:`render` with their spelling; ``str()`` names the option in plain words.
+    """
+
+    def __init__(self, *args: object, remedy: str | None = None, option: str | None = None) -> None:
+        super().__init__(*args)
+        self.remedy = remedy
+        self.option = option
+
+    def render(self, flag: Callable[[str], str] | None = None) -> str:
+        base = super().__str__()
+        if not self.remedy:
+            return base
+        name = flag(self.option) if flag is not None and self.option else f"the {self.option} option"
+        return f"{base}; {self.remedy.format(flag=name)}"
+
+    def __str__(self) -> str:
+        return self.render()
+
+
+def pytest_flag(option: str) -> str:
+    """How the pytest plugin spells an option: ``--llmperf-<option>``."""
+    return f"--llmperf-{option}"
+
+
+def cli_flag(option: str) -> str:
+    """How the ``llmperf`` command spells an option: ``--<option>``."""
+    return f"--{option}"
 
 
 class InputError(LLMPerfError, ValueError):

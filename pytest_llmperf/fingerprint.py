@@ -21,7 +21,6 @@ from pytest_llmperf.errors import InputError, LLMPerfError
 # hashable and two fingerprints compare equal whatever order the mapping was built in.
 _JSON_FIELDS = ("sampling", "slo", "extra")
 _NO_GPU = {"gpu_name": "none", "gpu_count": 0, "gpu_driver": "none"}
-ALLOW_OPTION = "--llmperf-allow-diff"
 
 
 class FingerprintError(InputError):
@@ -43,13 +42,12 @@ class FieldDiff:
 class FingerprintMismatch(LLMPerfError):
     """Baseline and candidate were measured in different environments."""
 
-    def __init__(self, diffs: list[FieldDiff], option: str = ALLOW_OPTION):
+    def __init__(self, diffs: list[FieldDiff]):
         self.diffs = list(diffs)
         names = ",".join(d.field for d in self.diffs)
         detail = ", ".join(d.describe() for d in self.diffs)
-        super().__init__(
-            f"baseline and candidate differ in: {detail}; pass {option} {names} to compare anyway"
-        )
+        super().__init__(f"baseline and candidate differ in: {detail}",
+                         remedy=f"pass {{flag}} {names} to compare anyway", option="allow-diff")
 
 
 @dataclass(frozen=True)
@@ -183,7 +181,7 @@ def _parse_allow(allow: Iterable[str] | str) -> set[str]:
     unknown = sorted(n for n in names if n not in valid and not (n.startswith("extra.") and len(n) > 6))
     if unknown:
         raise FingerprintError(
-            f"unknown fingerprint field(s) in {ALLOW_OPTION}: {', '.join(unknown)}; "
+            f"unknown fingerprint field(s) allowed to differ: {', '.join(unknown)}; "
             f"valid fields: {', '.join(valid_fields())} (or extra.<key>)"
         )
     return names

@@ -3,6 +3,7 @@ import sys
 import pytest
 
 from pytest_llmperf import __version__
+from pytest_llmperf.errors import pytest_flag
 from pytest_llmperf.fingerprint import (
     FieldDiff,
     Fingerprint,
@@ -70,7 +71,7 @@ def test_diff_names_fields_with_both_values():
     ]
     with pytest.raises(FingerprintMismatch) as info:
         ensure_comparable(H100, candidate)
-    assert str(info.value) == (
+    assert info.value.render(pytest_flag) == (
         "baseline and candidate differ in: engine_version ('0.6.3' vs '0.7.0'), "
         "gpu_name ('NVIDIA H100 80GB HBM3' vs 'NVIDIA A100-SXM4-80GB'); "
         "pass --llmperf-allow-diff engine_version,gpu_name to compare anyway"
@@ -103,7 +104,7 @@ def test_unknown_allow_names_list_valid_fields():
     with pytest.raises(FingerprintError) as info:
         diff(H100, H100, allow=["gpu", "gpu_name", "extra."])
     message = str(info.value)
-    assert "unknown fingerprint field(s) in --llmperf-allow-diff: extra., gpu;" in message
+    assert "unknown fingerprint field(s) allowed to differ: extra., gpu;" in message
     for name in valid_fields():
         assert name in message
     with pytest.raises(FingerprintError, match="modle"):

@@ -44,7 +44,6 @@ SCHEMA_VERSION = 1
 DOC_KIND = "pytest-llmperf.baseline"
 DEFAULT_ROOT = Path(".llmperf")
 SUFFIX = ".json.gz"
-SAVE_OPTION = "--llmperf-save"
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9._/-]+$")
 _RUN_ID_RE = re.compile(r"^\d{8}T\d{12}Z-[0-9a-f]{8}$")
@@ -388,10 +387,8 @@ class BaselineStore:
         return load_run(path)
 
     def _missing(self, name: str) -> BaselineMissing:
-        return BaselineMissing(
-            f"no baseline named {name!r} in {self.baselines_dir}; "
-            f"create one by running with {SAVE_OPTION} {name}"
-        )
+        return BaselineMissing(f"no baseline named {name!r} in {self.baselines_dir}",
+                               remedy=f"create one by running with {{flag}} {name}", option="save")
 
 
 def load_run(path: str | Path) -> SavedRun:

@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 
 from pytest_llmperf.baseline.samples import is_packed, unpack_samples
-from pytest_llmperf.baseline.store import DEFAULT_ROOT, SAVE_OPTION, BaselineStore, SavedRun, StoreError
+from pytest_llmperf.baseline.store import DEFAULT_ROOT, BaselineStore, SavedRun, StoreError
+from pytest_llmperf.errors import pytest_flag
 
 # ---------------------------------------------------------------------- `llmperf baselines`
 
@@ -71,7 +72,7 @@ def baselines_main(argv: list[str]) -> int:
             deleted = store.delete(args.name, args.run)
             print(f"deleted {deleted} run(s) of {args.name!r}")
     except StoreError as exc:
-        print(f"llmperf baselines: error: {exc}", file=sys.stderr)
+        print(f"llmperf baselines: error: {exc.render(pytest_flag)}", file=sys.stderr)
         return 2
     except OSError as exc:
         print(f"llmperf baselines: error: {exc.filename or args.store}: {exc.strerror or exc}", file=sys.stderr)
@@ -82,7 +83,7 @@ def baselines_main(argv: list[str]) -> int:
 def _format_list(store: BaselineStore) -> str:
     names = store.names()
     if not names:
-        return f"no baselines in {store.baselines_dir} (save one with {SAVE_OPTION} NAME)"
+        return f"no baselines in {store.baselines_dir} (save one with pytest --llmperf-save NAME)"
     rows = [("NAME", "RUNS", "LATEST (UTC)", "FINGERPRINT")]
     for name in names:
         entries = store.runs(name)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from pytest_llmperf.baseline.compare import RunComparison, headline
 from pytest_llmperf.baseline.gate import GateSession, GateSettings, node_of
 from pytest_llmperf.baseline.store import DEFAULT_ROOT, BaselineStore, StoreError, load_run
-from pytest_llmperf.errors import InputError
+from pytest_llmperf.errors import InputError, cli_flag, pytest_flag
 from pytest_llmperf.fingerprint import FingerprintError, FingerprintMismatch, valid_fields
 from pytest_llmperf.formatting import fmt_s, table
 from pytest_llmperf.objectives import SLOError
@@ -188,7 +188,7 @@ def compare_runs(
         try:
             gate.judge(key, candidate.entries[key])
         except FingerprintMismatch as exc:
-            raise CompareError(f"{key}: {FingerprintMismatch(exc.diffs, option=ALLOW_FLAG)}") from None
+            raise CompareError(f"{key}: {exc.render(cli_flag)}") from None
         except FingerprintError as exc:
             raise CompareError(f"{key}: bad fingerprint: {exc}") from None
         except SLOError as exc:
@@ -415,7 +415,8 @@ def compare_main(argv: Sequence[str]) -> int:
         written = write_outputs(report_document(result, baseline, candidate), markdown=args.markdown,
                                 json_out=args.json_out, report_dir=args.report_dir)
     except (CompareError, StoreError) as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        # Baselines are saved by pytest sessions, so a store's advice names the pytest option.
+        print(f"{PROG}: error: {exc.render(pytest_flag)}", file=sys.stderr)
         return 2
     except OSError as exc:
         print(f"{PROG}: error: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)

@@ -14,6 +14,7 @@ from pytest_llmperf.baseline.gate import GateSession, GateSettings, pool_history
 from pytest_llmperf.baseline.schema import SavedEntry, session_document
 from pytest_llmperf.baseline.store import BaselineMissing, BaselineStore, StoreError, validate_name
 from pytest_llmperf.cli.options import LLMPerfOptions, OptionError, api_key_from_env
+from pytest_llmperf.errors import pytest_flag
 from pytest_llmperf.fingerprint import FingerprintMismatch
 from pytest_llmperf.servers.manager import ServerConfig, ServerInfo, ServerManager, ServerUnavailable
 from pytest_llmperf.servers.process import ProcessReaper
@@ -86,7 +87,7 @@ class LLMPerfSession:
         try:
             return self.servers.get()
         except ServerUnavailable as exc:
-            message = str(exc)
+            message = exc.render(pytest_flag)
         # Outside the except block, so pytest shows the message once, without a chained traceback.
         pytest.fail(f"llmperf: {message}", pytrace=False)
 
@@ -125,7 +126,7 @@ class LLMPerfSession:
         except BaselineMissing:
             return
         except StoreError as exc:
-            raise pytest.UsageError(f"--llmperf-baseline {opts.baseline}: {exc}") from None
+            raise pytest.UsageError(f"--llmperf-baseline {opts.baseline}: {exc.render(pytest_flag)}") from None
         if not runs:
             return
         self.baseline_source = str(runs[0].path)
@@ -148,7 +149,7 @@ class LLMPerfSession:
         try:
             comparison = self.gate.judge(key, entry)
         except FingerprintMismatch as exc:
-            message = f"baseline {name!r} not comparable: {exc}"
+            message = f"baseline {name!r} not comparable: {exc.render(pytest_flag)}"
             self.gate_errors[key] = message
             return None, message
         if comparison is None:

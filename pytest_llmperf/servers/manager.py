@@ -106,7 +106,7 @@ class ServerManager:
             self._info = self._connect() if self.config.url else self._launch()
         except (ServerStartError, EngineNotFound, PresetError, ServerUnavailable) as exc:
             self._failure = str(exc)
-            raise ServerUnavailable(str(exc)) from None
+            raise ServerUnavailable(Exception.__str__(exc), remedy=exc.remedy, option=exc.option) from None
         return self._info
 
     def stop(self) -> None:
@@ -132,13 +132,14 @@ class ServerManager:
             resp = httpx.get(base + "/models", headers=self._headers(), timeout=10.0, trust_env=False)
         except httpx.HTTPError as exc:
             raise ServerUnavailable(
-                f"cannot reach {base}/models: {type(exc).__name__}: {self._scrub(str(exc))}; is the server "
-                "running and is --llmperf-url the OpenAI base URL (ending in /v1)?"
+                f"cannot reach {base}/models: {type(exc).__name__}: {self._scrub(str(exc))}",
+                remedy="is the server running and is {flag} the OpenAI base URL (ending in /v1)?", option="url",
             ) from None
         if resp.status_code != 200:
-            hint = "; check the key in --llmperf-api-key-env" if resp.status_code in (401, 403) else ""
+            auth = resp.status_code in (401, 403)
             raise ServerUnavailable(
-                f"{base}/models answered HTTP {resp.status_code}: {self._scrub(resp.text)[:200]}{hint}"
+                f"{base}/models answered HTTP {resp.status_code}: {self._scrub(resp.text)[:200]}",
+                remedy="check the key in {flag}" if auth else None, option="api-key-env" if auth else None,
             )
         model = self._pick_model(_model_ids(resp), base)
         preset = self.config.preset if self.config.preset != "sim" else "openai"
@@ -156,7 +157,7 @@ class ServerManager:
                 )
             return self.config.model
         if not served:
-            raise ServerUnavailable(f"{where}/models lists no model; pass --llmperf-model")
+            raise ServerUnavailable(f"{where}/models lists no model", remedy="pass {flag}", option="model")
         return served[0]
 
     # ------------------------------------------------------------------ launch

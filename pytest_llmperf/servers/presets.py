@@ -70,7 +70,7 @@ class EngineNotFound(ServerStartError):
         message = (
             f"server preset {preset!r} cannot start: {looked_for}.\n"
             f"  To install it: {install_hint}\n"
-            "  Or start the server yourself and point pytest-llmperf at its URL (--llmperf-url)."
+            "  Or start the server yourself and point pytest-llmperf at its URL instead of launching one."
         )
         super().__init__(message, reason=looked_for, command="")
         self.preset = preset
