@@ -31,6 +31,7 @@ def _number(kind: str, check: Callable[[float], bool], cast: Callable[[str], flo
 
 _positive = _number("a positive number", lambda v: v > 0 and v != float("inf"))
 _probability = _number("a probability between 0 and 1", lambda v: 0.0 <= v <= 1.0)
+_cv = _number("a coefficient of variation in [0, 1), e.g. 0.03", lambda v: 0.0 <= v < 1.0)
 _non_negative = _number("a non-negative number", lambda v: 0.0 <= v != float("inf"))
 _positive_int = _number("a positive integer", lambda v: v >= 1, int)
 _non_negative_int = _number("a non-negative integer", lambda v: v >= 0, int)
@@ -54,7 +55,13 @@ def build_parser(prog: str = "llmperf sim") -> argparse.ArgumentParser:
     add("--drop-rate", type=_probability, default=0.0, help="share of requests cut mid-stream")
     add("--stall-prob", type=_probability, default=0.0, help="probability a chunk is held back")
     add("--stall-s", type=_non_negative, default=0.5, help="seconds a stalled chunk is held back (default 0.5)")
-    add("--seed", type=int, default=0, help="seed for faults and generated text (default 0)")
+    add("--seed", type=int, default=None,
+        help="seed for faults, generated text and speed noise (default: 0 for faults and text, "
+             "random for the noise, so every launch draws its own speed)")
+    add("--launch-jitter", type=_cv, default=0.0, metavar="CV",
+        help="speed factor drawn once per launch, lognormal with mean 1 and this CV (e.g. 0.03)")
+    add("--step-jitter", type=_cv, default=0.0, metavar="CV",
+        help="speed factor drawn per engine step, lognormal with mean 1 and this CV")
     add("--reasoning-tokens", type=_non_negative_int, default=0, help="hidden reasoning tokens per chat answer")
     add("--tokens-per-chunk", type=_positive_int, default=1, help="tokens per SSE chunk (default 1)")
     add("--stamp-chunks", action="store_true", help="add llmperf_server_time to every chunk")
@@ -77,6 +84,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "llmperf sim") -> int:
     options = vars(args)
     host, port, log_level = options.pop("host"), options.pop("port"), options.pop("log_level")
     loop = options.pop("loop")
+    options["noise_seed"] = options["seed"]
+    options["seed"] = options["seed"] if options["seed"] is not None else 0
     try:
         config = SimConfig(**options)
     except ValueError as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from pytest_llmperf.sim.noise import SpeedNoise
 from pytest_llmperf.sim.perfmodel import PerfModel
 from pytest_llmperf.sim.presets import PRESET_NAMES, Preset, get_preset
 
@@ -25,6 +26,8 @@ class SimConfig:
     - ``stamp_chunks``: add ``llmperf_server_time`` (time.perf_counter() at send) to chunks.
     - ``max_num_seqs`` / ``max_num_batched_tokens`` / ``num_gpu_blocks``: override the preset.
     - ``natural_median_tokens``: median natural answer length when ``ignore_eos`` is off.
+    - ``launch_jitter`` / ``step_jitter``: coefficients of variation of a speed factor drawn once
+      per launch and once per step (see :mod:`.noise`), drawn from ``noise_seed`` (random when None).
     """
 
     preset: str = "llama-3.1-8b-h100"
@@ -43,6 +46,9 @@ class SimConfig:
     max_num_batched_tokens: int | None = None
     num_gpu_blocks: int | None = None
     natural_median_tokens: int = 160
+    launch_jitter: float = 0.0
+    step_jitter: float = 0.0
+    noise_seed: int | None = None
 
     def __post_init__(self) -> None:
         if self.preset not in PRESET_NAMES:
@@ -53,6 +59,12 @@ class SimConfig:
             value = getattr(self, name)
             if not _is_real(value) or value <= 0:
                 raise ValueError(f"{name} must be a positive number, got {value!r}")
+        for name in ("launch_jitter", "step_jitter"):
+            value = getattr(self, name)
+            if not _is_real(value) or not 0.0 <= value < 1.0:
+                raise ValueError(f"{name} must be a coefficient of variation in [0, 1), e.g. 0.03, got {value!r}")
+        if self.noise_seed is not None and not _is_int(self.noise_seed):
+            raise ValueError(f"noise_seed must be an integer or None, got {self.noise_seed!r}")
         for name in ("error_rate", "drop_rate", "stall_prob"):
             value = getattr(self, name)
             if not _is_real(value) or not 0.0 <= value <= 1.0:
@@ -80,10 +92,16 @@ class SimConfig:
     def served_model_name(self) -> str:
         return self.model_name or self.preset_spec.model.hf_id
 
-    def perf_model(self) -> PerfModel:
+    def noise(self) -> SpeedNoise:
+        """This launch's noise: its speed factor is drawn here, once."""
+        return SpeedNoise(self.launch_jitter, self.step_jitter, self.noise_seed)
+
+    def perf_model(self, noise: SpeedNoise | None = None) -> PerfModel:
+        """The performance model; with ``noise``, its launch factor scales every step's cost."""
+        launch = noise.launch_factor if noise is not None else 1.0
         return PerfModel(
             self.preset_spec,
-            slowdown=self.slowdown,
+            slowdown=self.slowdown * launch,
             time_scale=self.time_scale,
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,

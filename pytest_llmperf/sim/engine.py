@@ -31,8 +31,10 @@ class Engine:
         *,
         on_first_token: SeqCallback | None = None,
         on_finish: SeqCallback | None = None,
+        step_factor: Callable[[], float] | None = None,
     ) -> None:
         self.perf = perf
+        self.step_factor = step_factor
         self.core = SchedulerCore(perf)
         self.time_scale = perf.time_scale
         self.on_first_token = on_first_token
@@ -110,7 +112,8 @@ class Engine:
                 self.resyncs += 1
             else:
                 start = next_start
-            deadline = start + plan.cost_s * scale
+            jitter = self.step_factor() if self.step_factor is not None else 1.0
+            deadline = start + plan.cost_s * scale * jitter
             # Always yields (even for a zero-cost step) so handlers write between steps.
             await sleep_until(deadline)
             first, done = core.complete(plan, perf_counter())

@@ -32,8 +32,9 @@ class SimState:
 
     @classmethod
     def create(cls, config: SimConfig) -> SimState:
-        perf = config.perf_model()
-        engine = Engine(perf)
+        noise = config.noise()
+        perf = config.perf_model(noise)
+        engine = Engine(perf, step_factor=noise.step_factor if noise.has_step_noise else None)
         metrics = SimMetrics(engine.core, config.served_model_name)
         engine.on_first_token = metrics.on_first_token
         engine.on_finish = metrics.on_finish
