@@ -22,11 +22,12 @@ USAGE_ERROR = 2
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llmperf", description="LLM-inference performance: simulate, measure, compare.")
     parser.add_argument("--version", action="version", version=f"pytest-llmperf {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="{sim,run,compare,baselines}")
+    sub = parser.add_subparsers(dest="command", metavar="{sim,run,compare,baselines,history}")
     sub.add_parser("sim", help="serve the built-in OpenAI-compatible simulator (llmperf sim --help)", add_help=False)
     add_run_parser(sub)
     sub.add_parser("compare", help="compare two saved runs and print verdicts (llmperf compare --help)", add_help=False)
     sub.add_parser("baselines", help="list, show or delete saved baselines (llmperf baselines --help)", add_help=False)
+    sub.add_parser("history", help="gated statistics over a baseline's sessions, change points marked", add_help=False)
     return parser
 
 
@@ -41,6 +42,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from pytest_llmperf.cli.baselines import baselines_main
 
         return baselines_main(argv[1:])
+    if argv and argv[0] == "history":
+        from pytest_llmperf.cli.history import history_main
+
+        return history_main(argv[1:])
     if argv and argv[0] == "compare":
         from pytest_llmperf.cli.compare import compare_main
 

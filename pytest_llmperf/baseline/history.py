@@ -1,0 +1,173 @@
+"""Main's history as sessions: per-session values of every gated statistic, and the change points
+in them.
+
+**Session values.** A saved run is one session (one CI job, one server launch). Its value of a
+gated statistic is the geometric mean of that statistic over the session's trials,
+
+    v_s = exp(mean_t log x_{s,t}),
+
+so a session's trials average out their own noise and what is left between sessions is the
+session-to-session variation the gate must allow for.
+
+**Change points.** Main's series of session values moves when a merge changes performance (or
+the fleet changes). Pooling sessions across such a step would blur the baseline, so history is
+pooled only since the last change point. Candidates come from binary segmentation with an L2
+cost (ruptures' ``Binseg``): the split that most reduces the within-segment sum of squares of
+the log values. A candidate is accepted only when a permutation test says the reduction is
+larger than chance: the series is shuffled ``permutations`` times, the best split's reduction is
+recomputed for each shuffle, and the p-value is
+
+    p = (1 + #{shuffles with reduction >= observed}) / (1 + permutations).
+
+Accepted splits are searched again on both sides (the e-divisive recipe with a significance rule
+on top of a well-kept segmentation library). ``alpha`` defaults to 0.01 per test: a false change
+point only shortens the pooled history, a missed one blurs it, and both are mild; a false alarm of
+the gate itself is the costly error.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from pytest_llmperf.baseline.store import BaselineCorrupt, BaselineTooNew, StoreWarning
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+    from pytest_llmperf.baseline.store import BaselineStore, SavedRun
+
+DEFAULT_HISTORY = 10
+MIN_SEGMENT = 2
+
+
+def session_value(entry: Mapping[str, Any], stat: str) -> float | None:
+    """Geometric mean of ``stat`` over an entry's trials (None when no trial has a positive value)."""
+    values = [t.get("stats", {}).get(stat) for t in entry.get("trials") or []]
+    logs = [math.log(v) for v in values if isinstance(v, (int, float)) and v > 0 and math.isfinite(v)]
+    return math.exp(sum(logs) / len(logs)) if logs else None
+
+
+def _split_gain(x: np.ndarray, min_size: int) -> tuple[int, float]:
+    """The best single L2 split of ``x`` (by ruptures' Binseg) and its cost reduction."""
+    import ruptures
+
+    n = x.size
+    if n < 2 * min_size:
+        return 0, 0.0
+    algo = ruptures.Binseg(model="l2", min_size=min_size, jump=1).fit(x.reshape(-1, 1))
+    split = int(algo.predict(n_bkps=1)[0])
+    total = float(((x - x.mean()) ** 2).sum())
+    left, right = x[:split], x[split:]
+    within = float(((left - left.mean()) ** 2).sum() + ((right - right.mean()) ** 2).sum())
+    return split, total - within
+
+
+def change_points(values: Sequence[float], *, alpha: float = 0.01, permutations: int = 199,
+                  min_size: int = MIN_SEGMENT, seed: int = 0) -> list[int]:
+    """Indices where a new segment starts in ``values`` (oldest first), each significant at
+    ``alpha`` by a permutation test (see the module docstring). Works on log values."""
+    x = np.log(np.asarray(values, dtype=float))
+    if x.size < 2 * min_size or not np.all(np.isfinite(x)):
+        return []
+    rng = np.random.default_rng(seed)
+    found: list[int] = []
+
+    def search(lo: int, hi: int) -> None:
+        segment = x[lo:hi]
+        split, gain = _split_gain(segment, min_size)
+        if split <= 0 or gain <= 0:
+            return
+        exceed = 0
+        for _ in range(permutations):
+            _, g = _split_gain(rng.permutation(segment), min_size)
+            if g >= gain * (1 - 1e-12):
+                exceed += 1
+        if (1 + exceed) / (1 + permutations) >= alpha:
+            return
+        found.append(lo + split)
+        search(lo, lo + split)
+        search(lo + split, hi)
+
+    search(0, x.size)
+    return sorted(found)
+
+
+@dataclass
+class StatSeries:
+    """One gated statistic of one test run over main's sessions, oldest first."""
+
+    key: str
+    stat: str
+    run_ids: list[str]
+    values: list[float]
+    change_points: list[int] = field(default_factory=list)
+
+    @property
+    def since_last_change(self) -> int:
+        """Index of the first session of the current segment."""
+        return self.change_points[-1] if self.change_points else 0
+
+
+@dataclass
+class History:
+    """Main's saved sessions (newest first as read), with what was skipped and why."""
+
+    name: str
+    runs: list[SavedRun]
+    skipped: list[str] = field(default_factory=list)  # corrupt or unreadable files, named
+
+    def series(self, *, alpha: float = 0.01) -> list[StatSeries]:
+        """Every (test run, gated statistic) with at least one session value, oldest first, with
+        change points among sessions measured on the newest session's setup."""
+        newest: dict[str, Any] = {}
+        for run in self.runs:
+            for key, entry in (run.run.get("tests") or {}).items():
+                newest.setdefault(key, entry.get("fingerprint"))
+        out = []
+        for key in sorted(newest):
+            stats: list[str] = []
+            for run in self.runs:
+                entry = (run.run.get("tests") or {}).get(key)
+                for trial in (entry or {}).get("trials") or []:
+                    stats.extend(s for s in trial.get("stats", {}) if s not in stats)
+            for stat in stats:
+                ids, values = [], []
+                for run in reversed(self.runs):
+                    entry = (run.run.get("tests") or {}).get(key)
+                    if not entry or entry.get("fingerprint") != newest[key]:
+                        continue
+                    value = session_value(entry, stat)
+                    if value is not None:
+                        ids.append(run.run_id)
+                        values.append(value)
+                if values:
+                    out.append(StatSeries(key, stat, ids, values, change_points(values, alpha=alpha)))
+        return out
+
+
+def load_history(store: BaselineStore, name: str, limit: int | None = None) -> History:
+    """The last ``limit`` readable sessions of ``name``, newest first. A corrupt, truncated or
+    newer-schema file is skipped with a :class:`StoreWarning` naming it (never deleted)."""
+    runs: list[SavedRun] = []
+    skipped: list[str] = []
+    for listed in store.runs(name):
+        if limit is not None and len(runs) >= limit:
+            break
+        try:
+            runs.append(store.load(listed.path))
+        except FileNotFoundError:
+            continue  # pruned by a concurrent save between listing and reading
+        except (BaselineCorrupt, BaselineTooNew) as exc:
+            skipped.append(str(exc))
+            warnings.warn(f"skipping a history file: {exc}", StoreWarning, stacklevel=2)
+    if not runs and not skipped:
+        store.latest(name)  # raises BaselineMissing with its advice
+    return History(name, runs, skipped)
+
+
+__all__ = ["DEFAULT_HISTORY", "History", "StatSeries", "change_points", "load_history", "session_value"]
