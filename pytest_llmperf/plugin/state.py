@@ -25,6 +25,19 @@ OPTIONS_KEY = pytest.StashKey[LLMPerfOptions]()
 SESSION_KEY = pytest.StashKey["LLMPerfSession"]()
 PERF_KEY = pytest.StashKey["LLMPerf"]()
 SLO_KEY = pytest.StashKey["list[SLO]"]()
+NODEID_KEY = pytest.StashKey[str]()  # the node id before pytest-xdist's loadgroup suffix ("@llmperf")
+
+
+def nodeid_of(item: pytest.Item) -> str:
+    """The test's node id as a run without pytest-xdist names it: the key of its runs in
+    reports and baselines (``--dist loadgroup`` appends ``@<group>`` to ``item.nodeid``)."""
+    return item.stash.get(NODEID_KEY, item.nodeid)
+
+
+def is_perf_item(item: pytest.Item) -> bool:
+    """Whether the test measures: uses ``llmperf``/``llm_server`` or carries ``@slo``."""
+    fixtures = getattr(item, "fixturenames", ())
+    return any(name in fixtures for name in PERF_FIXTURES) or item.get_closest_marker("slo") is not None
 
 
 def get_session(config: pytest.Config) -> LLMPerfSession:
