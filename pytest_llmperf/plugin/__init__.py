@@ -8,20 +8,27 @@ collected test uses ``llmperf``/``llm_server`` or carries ``@slo``.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pytest
 
 from pytest_llmperf.cli.options import OPTIONS, OptionError, api_key_from_env, resolve
-from pytest_llmperf.plugin import hookspecs
+from pytest_llmperf.plugin import distributed, hookspecs
 from pytest_llmperf.plugin.fixtures import llm_server, llmperf
 from pytest_llmperf.plugin.hooks import (
     pytest_collection_modifyitems,
+    pytest_configure_node,
     pytest_runtest_call,
     pytest_runtest_makereport,
     pytest_sessionfinish,
     pytest_terminal_summary,
+    pytest_testnodedown,
     pytest_unconfigure,
 )
 from pytest_llmperf.plugin.state import OPTIONS_KEY, SLO_MARKER_HELP
+
+if TYPE_CHECKING:
+    from collections.abc import Generator
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -41,6 +48,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
             parser.addini(spec.ini, help=spec.help, default=None)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_cmdline_main(config: pytest.Config) -> Generator[None, object, object]:
+    distributed.choose_dist(config)  # before pytest-xdist reads --dist
+    return (yield)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", SLO_MARKER_HELP)
     try:
@@ -49,6 +62,7 @@ def pytest_configure(config: pytest.Config) -> None:
     except OptionError as exc:
         raise pytest.UsageError(str(exc)) from None
     config.stash[OPTIONS_KEY] = options
+    distributed.configure(config)
 
 
 __all__ = [
@@ -56,11 +70,14 @@ __all__ = [
     "llmperf",
     "pytest_addhooks",
     "pytest_addoption",
+    "pytest_cmdline_main",
     "pytest_collection_modifyitems",
     "pytest_configure",
+    "pytest_configure_node",
     "pytest_runtest_call",
     "pytest_runtest_makereport",
     "pytest_sessionfinish",
     "pytest_terminal_summary",
+    "pytest_testnodedown",
     "pytest_unconfigure",
 ]

@@ -6,7 +6,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from pytest_llmperf.plugin.state import PERF_KEY, SLO_KEY, get_session
+from pytest_llmperf.plugin.lazy import get_session
+from pytest_llmperf.plugin.state import PERF_KEY, SLO_KEY
 
 if TYPE_CHECKING:
     from pytest_llmperf.plugin.perf import LLMPerf

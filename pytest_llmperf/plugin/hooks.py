@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_llmperf.errors import LLMPerfError
-from pytest_llmperf.plugin.state import PERF_FIXTURES, PERF_KEY, SLO_KEY, existing_session, get_session
+from pytest_llmperf.plugin import distributed
+from pytest_llmperf.plugin.lazy import get_session
+from pytest_llmperf.plugin.state import PERF_KEY, SLO_KEY, existing_session, is_perf_item, nodeid_of
 
 if TYPE_CHECKING:
     from collections.abc import Generator
@@ -21,8 +23,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     perf = 0
     for item in items:
         markers = list(item.iter_markers("slo"))
-        uses = any(name in getattr(item, "fixturenames", ()) for name in PERF_FIXTURES)
-        if uses or markers:
+        if is_perf_item(item):
             perf += 1
         if not markers:
             continue
@@ -56,8 +57,31 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     perf = existing_session(session.config)
-    if perf is not None:
-        perf.finish(session, exitstatus)
+    if perf is None:
+        return
+    if distributed.is_worker(session.config):
+        # An xdist worker reports nothing and saves nothing: the controller does, for all workers.
+        if perf.entries or perf.outcomes:
+            session.config.workeroutput[distributed.PAYLOAD_KEY] = perf.worker_payload()  # type: ignore[attr-defined]
+        return
+    perf.finish(session, exitstatus)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """pytest-xdist, on the controller: tell the worker the distribution mode in force."""
+    node.workerinput[distributed.DIST_KEY] = node.config.getoption("dist")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object | None) -> None:
+    """pytest-xdist, on the controller: a worker finished; take what it measured."""
+    payload = distributed.node_payload(node)
+    if payload is not None:
+        get_session(node.config).absorb(payload)
+    elif error is not None:
+        lost = node.config.stash.setdefault(distributed.LOST_KEY, [])
+        lost.append(f"{getattr(node.gateway, 'id', node)}: {error}")
 
 
 @pytest.hookimpl(wrapper=True)
@@ -70,9 +94,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> 
     if session is not None and item.stash.get(PERF_KEY, None) is not None:
         if report.when == "call" or (report.failed and report.when == "setup"):
             outcome = "error" if report.when == "setup" else report.outcome
-            session.outcomes[item.nodeid] = outcome
+            session.outcomes[nodeid_of(item)] = outcome
         elif report.failed and report.when == "teardown":
-            session.outcomes[item.nodeid] = "error"
+            session.outcomes[nodeid_of(item)] = "error"
     return report
 
 
@@ -106,7 +130,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     session = existing_session(config)
-    if session is not None and (session.results or session.capacities):
+    if session is not None and (session.results or session.capacities or session.remote_summaries):
         from pytest_llmperf.plugin.summary import write_summary
 
         write_summary(terminalreporter, session)

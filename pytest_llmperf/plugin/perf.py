@@ -10,6 +10,7 @@ from pytest_llmperf.baseline.schema import capacity_entry, fingerprint_for, run_
 from pytest_llmperf.load.runner import Runner
 from pytest_llmperf.objectives import SLO, SLOError, check
 from pytest_llmperf.plugin.progress import ProgressPrinter
+from pytest_llmperf.plugin.state import nodeid_of
 from pytest_llmperf.stats import DEFAULT_TRIALS
 from pytest_llmperf.workload import Workload
 
@@ -92,9 +93,9 @@ class LLMPerf:
             # A warm/cold result that is not what it claims must not pass silently.
             self.notes.append(cache.message)
             self.cache_failures.append(f"cache state did not hold in {result.label}: {cache.message}")
-        key = f"{self._item.nodeid}#{len(self.results)}"
+        key = f"{nodeid_of(self._item)}#{len(self.results)}"
         self.results.append(result)
-        self._session.results.append((self._item.nodeid, result))
+        self._session.results.append((nodeid_of(self._item), result))
         self._record_properties(result)
         self._session.slo_checks[key] = list(result.slo_checks)
         fingerprint = fingerprint_for(result.workload, result.model, result.slo, server,
@@ -135,14 +136,14 @@ class LLMPerf:
         finally:
             printer.done()
         self.capacities.append(result)
-        self._session.capacities.append((self._item.nodeid, result))
+        self._session.capacities.append((nodeid_of(self._item), result))
         n = len(self.capacities)
         prefix = "llmperf.capacity" if n == 1 else f"llmperf.capacity{n}"
         self._item.user_properties.append((f"{prefix}_rps", result.capacity_rps))
         fingerprint = fingerprint_for(workload, server.model, self.slo, server,
                                       extra=self._session.fingerprint_extra(server))
         entry = capacity_entry(result, fingerprint, f"capacity {workload.label()}", slo=self.slo)
-        self._judge(f"{self._item.nodeid}#capacity{n - 1}", entry)
+        self._judge(f"{nodeid_of(self._item)}#capacity{n - 1}", entry)
         return result
 
     def _judge(self, key: str, entry: Any) -> None:

@@ -68,6 +68,12 @@ class LLMPerfSession:
         self.outcomes: dict[str, str] = {}
         self.report_paths: list[str] = []
         self.report_error: str | None = None
+        self.selected: set[str] = set()
+        # Under pytest-xdist, on the controller: what the workers measured (see absorb).
+        self.remote_servers: list[str] = []
+        self.remote_server: dict[str, Any] | None = None
+        self.remote_summaries: list[dict[str, list[Any]]] = []
+        self.baselines_prepared = False
         # Before the reaper, which stops the servers first and then chains to this handler.
         self.sigterm_installed = _install_sigterm()
         self.reaper.install()
@@ -107,6 +113,8 @@ class LLMPerfSession:
     def prepare_baselines(self, selected_tests: set[str]) -> None:
         """Check the save target and read the baseline once, before any load is generated; a bad
         file stops the session."""
+        self.selected = set(selected_tests)
+        self.baselines_prepared = True
         if self.store is None:
             return
         opts = self.options
@@ -173,6 +181,55 @@ class LLMPerfSession:
                 extra.setdefault(str(key), value)
         return extra
 
+    # ------------------------------------------------------------------ pytest-xdist
+
+    def worker_payload(self) -> str:
+        """What an xdist worker hands the controller at its end, as JSON: the saved entries (which
+        the controller judges again, so verdicts and Holm are computed in one place), SLO checks,
+        outcomes, the server and the summary's rows."""
+        import json
+
+        from pytest_llmperf.plugin.summary import summary_lines
+
+        info = self.servers.info
+        payload = {
+            "selected": sorted(self.selected),
+            "entries": self.entries,
+            "slo_checks": {key: [c.to_dict() for c in checks] for key, checks in self.slo_checks.items()},
+            "outcomes": self.outcomes,
+            "server": self._server_doc(info),
+            "server_line": info.describe() if info is not None else None,
+            "summary": summary_lines(self),
+        }
+        return json.dumps(payload, default=_plain_json)
+
+    def absorb(self, payload: dict[str, Any]) -> None:
+        """On the xdist controller: take a finished worker's measurements as if measured here."""
+        from pytest_llmperf.objectives import SLOCheck
+
+        if not self.baselines_prepared:
+            self.prepare_baselines(set(payload.get("selected") or ()))
+        for key, entry in (payload.get("entries") or {}).items():
+            self.record(key, entry)
+        for key, checks in (payload.get("slo_checks") or {}).items():
+            self.slo_checks[key] = [SLOCheck(**c) for c in checks]
+        self.outcomes.update(payload.get("outcomes") or {})
+        if payload.get("server") and self.remote_server is None:
+            self.remote_server = payload["server"]
+        line = payload.get("server_line")
+        if line and line not in self.remote_servers:
+            self.remote_servers.append(line)
+        summary = payload.get("summary") or {}
+        if any(summary.values()):
+            self.remote_summaries.append(summary)
+
+    @staticmethod
+    def _server_doc(info: ServerInfo | None) -> dict[str, Any] | None:
+        if info is None:
+            return None
+        return {"preset": info.preset, "version": info.version, "model": info.model,
+                "base_url": info.base_url, "startup_s": info.startup_s, "launched": info.launched}
+
     # ------------------------------------------------------------------ the end
 
     def finish(self, session: pytest.Session, exitstatus: int) -> None:
@@ -184,7 +241,14 @@ class LLMPerfSession:
                 self.late_regressions = [c.message() for c in newly]
         if self.entries:
             self.write_reports()
-        if self.options.save and self.entries and exitstatus != pytest.ExitCode.INTERRUPTED:
+        from pytest_llmperf.plugin.distributed import LOST_KEY
+
+        lost = self.config.stash.get(LOST_KEY, [])
+        if lost and self.options.save and self.entries:
+            self.save_error = (f"an xdist worker went down ({'; '.join(lost)}): what it measured is "
+                               "lost, so no baseline was saved (it would be incomplete)")
+            session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
+        elif self.options.save and self.entries and exitstatus != pytest.ExitCode.INTERRUPTED:
             assert self.store is not None
             try:
                 path = self.store.save(self.options.save, session_document(self.entries))
@@ -197,10 +261,7 @@ class LLMPerfSession:
         from pytest_llmperf.report.document import build_document
 
         info = self.servers.info
-        server = None
-        if info is not None:
-            server = {"preset": info.preset, "version": info.version, "model": info.model,
-                      "base_url": info.base_url, "startup_s": info.startup_s, "launched": info.launched}
+        server = self._server_doc(info) if info is not None else self.remote_server
         gate = self.gate
         return build_document(
             self.entries,
@@ -232,7 +293,18 @@ class LLMPerfSession:
 
 
 def selected_tests(items: list[pytest.Item]) -> set[str]:
-    return {item.nodeid for item in items}
+    from pytest_llmperf.plugin.state import nodeid_of
+
+    return {nodeid_of(item) for item in items}
+
+
+def _plain_json(value: Any) -> Any:
+    """numpy scalars and arrays, tuples of them: what json cannot write by itself."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if hasattr(value, "to_dict"):
+        return value.to_dict()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 class Terminated(KeyboardInterrupt):

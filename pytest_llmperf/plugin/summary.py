@@ -13,11 +13,12 @@ if TYPE_CHECKING:
     from pytest_llmperf.plugin.session import LLMPerfSession
 
 
-def write_summary(tr: Any, session: LLMPerfSession) -> None:
-    tr.write_sep("=", "llmperf summary")
-    info = session.servers.info
-    if info is not None:
-        tr.write_line(f"server: {info.describe()}")
+HEADERS = ["test", "workload", "ok/req", "TTFT p50", "TTFT p95", "TPOT p50", "TPOT p95", "out tok/s", "goodput", "SLO"]
+
+
+def summary_lines(session: LLMPerfSession) -> dict[str, Any]:
+    """The per-run rows, notes and capacity lines of this process's runs, as plain data (an
+    xdist worker sends them to the controller, which prints them)."""
     rows = []
     notes = []
     for nodeid, result in session.results:
@@ -42,15 +43,26 @@ def write_summary(tr: Any, session: LLMPerfSession) -> None:
             f"{s.goodput_rps:.2f}",
             status,
         ])
-    if rows:
-        tr.write_line(table(
-            ["test", "workload", "ok/req", "TTFT p50", "TTFT p95", "TPOT p50", "TPOT p95", "out tok/s", "goodput", "SLO"],
-            rows, left=2,
-        ))
-    for note in notes:
+    capacities = [f"{nodeid.split('::')[-1]}: {capacity.describe()}" for nodeid, capacity in session.capacities]
+    return {"rows": rows, "notes": notes, "capacities": capacities}
+
+
+def write_summary(tr: Any, session: LLMPerfSession) -> None:
+    tr.write_sep("=", "llmperf summary")
+    info = session.servers.info
+    servers = [info.describe()] if info is not None else list(session.remote_servers)
+    for line in servers:
+        tr.write_line(f"server: {line}")
+    lines = summary_lines(session)
+    for worker in session.remote_summaries:
+        for key, value in worker.items():
+            lines[key].extend(value)
+    if lines["rows"]:
+        tr.write_line(table(HEADERS, lines["rows"], left=2))
+    for note in lines["notes"]:
         tr.write_line(note)
-    for nodeid, capacity in session.capacities:
-        tr.write_line(f"{nodeid.split('::')[-1]}: {capacity.describe()}")
+    for line in lines["capacities"]:
+        tr.write_line(line)
     _write_verdicts(tr, session)
 
 
