@@ -36,6 +36,9 @@ class TrialResult:
     telemetry: dict[str, Any] | None = None
     # What the prompt builder aimed for, per record; compared with the server's usage counts.
     expected_prompt_tokens: list[int | None] = field(default_factory=list)
+    # An invalid trial is run once more; the reasons the first attempt was invalid are kept.
+    reruns: int = 0
+    rerun_reasons: list[str] = field(default_factory=list)
 
     @property
     def measured(self) -> list[RequestRecord]:

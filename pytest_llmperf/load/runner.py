@@ -66,6 +66,7 @@ class Runner:
         workers: int | None = None,
         use_uvloop: bool | None = None,
         overload: OverloadGuard | None = None,
+        rerun_invalid: bool = True,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
@@ -89,6 +90,8 @@ class Runner:
         self.use_uvloop = use_uvloop
         # Ends open-loop trials early when the backlog grows without bound (capacity search).
         self.overload = overload
+        # Run an invalid trial (client lag, dispatch lag, Little's law) once more before keeping it.
+        self.rerun_invalid = rerun_invalid
         self._token_models: dict[str, TokenModel] = {}
 
     def __repr__(self) -> str:  # never show the key
@@ -105,7 +108,15 @@ class Runner:
         # hold the run for a fixed 30 s per probe before any load is sent.
         token_model = await self._token_model(workload.api, model, timeout_s=workload.timeout_s)
         for index in range(n_trials):
-            results.append(await self._trial(workload, model, token_model, slo, index))
+            trial = await self._trial(workload, model, token_model, slo, index)
+            if not trial.summary.validity.valid and self.rerun_invalid:
+                # One rerun: a transient stall of the load generator's machine should not cost the
+                # verdict; a second invalid trial stands, and the gate reports the run as invalid.
+                first = trial
+                trial = await self._trial(workload, model, token_model, slo, index)
+                trial.reruns = 1
+                trial.rerun_reasons = list(first.summary.validity.reasons)
+            results.append(trial)
         return RunResult(
             workload=workload,
             model=model,

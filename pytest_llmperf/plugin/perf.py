@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -129,7 +130,7 @@ class LLMPerf:
                           min_rps=min_rps, max_rps=max_rps)
         printer = self._printer(f"{self._item.name} capacity")
         runner = Runner(server.base_url, model=server.model, api_key=self._session.api_key,
-                        length_fields=server.length_fields, progress=printer,
+                        length_fields=server.length_fields, progress=printer, rerun_invalid=False,
                         progress_interval_s=printer.interval_s, workers=opts.workers, overload=OverloadGuard())
         try:
             result = search(workload, lambda w: runner.run(w, slo=self.slo), plan)
@@ -172,6 +173,21 @@ class LLMPerf:
         for key, value in props.items():
             self._item.user_properties.append((f"{prefix}.{key}", value))
 
+    def _invalid_runs(self) -> list[str]:
+        """An invalid run (rerun once already) leaves its statistics ungated: under
+        ``--llmperf-strict`` or in CI that fails the test instead of passing it green."""
+        strict = self._session.options.strict
+        if not (strict or in_ci()):
+            return []
+        why = "--llmperf-strict" if strict else "CI=true"
+        lines = []
+        for result in self.results:
+            validity = result.summary.validity
+            if not validity.valid:
+                lines.append(f"invalid run in {result.label} (nothing of it is gated; fails under {why}): "
+                             + "; ".join(validity.reasons))
+        return lines
+
     def failures(self) -> list[str]:
         lines = []
         for i, result in enumerate(self.results):
@@ -190,6 +206,7 @@ class LLMPerf:
             if bad:
                 lines.append(f"performance regressed against baseline {self._session.options.baseline!r} in {comparison.label}:")
                 lines.extend(f"  {c.verdict.value.upper()}: {c.message()}" for c in bad)
+        lines.extend(self._invalid_runs())
         lines.extend(self.gate_errors)
         lines.extend(self.cache_failures)
         if strict and self.notes:
@@ -200,6 +217,11 @@ class LLMPerf:
                 tail = "\n".join("    " + ln for ln in info.process.log_tail(20))
                 lines.append(f"  the server exited during the run (code {info.process.exited_code()}); log tail:\n{tail}")
         return lines
+
+
+def in_ci() -> bool:
+    """Whether this session runs in CI (``CI=true``, as GitHub Actions, GitLab CI and most others set)."""
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def failed_requests(result: RunResult) -> str | None:
