@@ -6,7 +6,9 @@ client that fell behind its schedule cannot hide queueing (coordinated omission)
 
 Only records with ``phase == "measure"`` enter the statistics; warm-up records are counted and
 otherwise ignored. Failed and cancelled requests never vanish: they stay in ``requests``,
-``error_rate`` and ``attainment``, and they are not good requests, so they lower goodput.
+``error_rate`` and ``attainment``, they are not good requests, so they lower goodput, and in the
+latency statistics that SLOs check and the gate compares they count as +inf
+(:func:`censored_stat`).
 """
 
 from __future__ import annotations
@@ -189,7 +191,8 @@ class Summary:
     - ``goodput_rps = good_requests / window_s``; a request is good when it succeeded and met every
       per-request threshold of the SLO (:meth:`SLO.is_good`); with no SLO every success is good.
     - ``attainment = good_requests / requests`` (failed and cancelled stay in the denominator).
-    - Latency distributions cover successful requests only.
+    - Latency distributions cover successful requests only (what the reports show); the SLO check
+      and the gate read latency statistics with failures counted as +inf (:func:`censored_stat`).
     - With zero measured requests every rate is 0.0 and every distribution is empty.
     """
 
@@ -353,6 +356,68 @@ def per_request_samples(
         "ok": np.array([int(r.ok) for r in measured], dtype=np.int64),
         "good": np.array([int(_is_good(r, slo)) for r in measured], dtype=np.int64),
     }
+
+
+# Metrics whose per-request value a failed request never delivered: in a percentile it counts as
+# +inf. ITL is a per-gap statistic (a failed request has no gap count), so it stays over successes.
+CENSORED_METRICS = ("ttft", "ttfvt", "tpot", "e2e")
+
+
+def censored_percentile(values: np.ndarray | Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0-100) of ``values`` with NaN read as +inf (a failed request).
+
+    Linear interpolation between order statistics, as numpy's default (so with no failures it
+    equals ``np.percentile``): at position h = (n - 1)·q/100, x[⌊h⌋] + (h - ⌊h⌋)·(x[⌈h⌉] - x[⌊h⌋]).
+    When x[⌈h⌉] (or x[⌊h⌋]) is a failure the percentile is +inf: it lies beyond every real
+    latency. NaN for an empty sample.
+    """
+    arr = np.sort(np.where(np.isnan(np.asarray(values, dtype=float)), np.inf, np.asarray(values, dtype=float)))
+    if arr.size == 0:
+        return math.nan
+    h = (arr.size - 1) * float(q) / 100.0
+    lo, hi = int(math.floor(h)), int(math.ceil(h))
+    if math.isinf(arr[hi]) or math.isinf(arr[lo]):
+        return math.inf if (hi != lo or math.isinf(arr[lo])) else float(arr[lo])
+    return float(arr[lo] + (h - lo) * (arr[hi] - arr[lo]))
+
+
+def censored_stat(
+    records: Sequence[RequestRecord], metric: str, stat: str, *, request_type: str | None = None
+) -> tuple[float | None, int, int]:
+    """One latency statistic over the measured requests (of ``request_type`` when given) with
+    failures counted: returns ``(value, n, failed)``.
+
+    - ``ttft``/``ttfvt``/``tpot``/``e2e``: each failed or cancelled request is +inf
+      (:func:`censored_percentile`), so ``p95`` is +inf once more than 5% failed and ``max`` is
+      +inf after a single failure; a successful request without the value (no visible token, a
+      one-token answer's TPOT) has no sample. ``mean`` is over successes only (one +inf would
+      make every mean infinite; failures are gated by ``error_rate``).
+    - ``itl``: the per-gap samples of successful requests, uncensored (see CENSORED_METRICS).
+
+    ``n`` counts the samples including the failures; ``value`` is None when ``n`` is 0.
+    """
+    measured = [r for r in _measured(records) if request_type is None or r.request_type == request_type]
+    succeeded = [r for r in measured if r.ok]
+    if metric == "itl":
+        gaps = [request_itl_s(r) for r in succeeded]
+        arr = np.concatenate(gaps) if gaps else np.empty(0)
+        return (sample_stat(arr, stat) if arr.size else None), int(arr.size), 0
+    if metric not in CENSORED_METRICS:
+        raise ValueError(f"unknown metric {metric!r}; valid: {', '.join(METRICS)}")
+    values = [getattr(r, f"{metric}_s") for r in succeeded]
+    ok = np.array([v for v in values if v is not None], dtype=float)
+    failed = len(measured) - len(succeeded)
+    n = ok.size + failed
+    if n == 0:
+        return None, 0, failed
+    if stat == "mean":
+        return (float(ok.mean()) if ok.size else None), n, failed
+    if stat == "max":
+        return (math.inf if failed else float(ok.max())), n, failed
+    if stat not in _PERCENTILES:
+        raise ValueError(f"unknown statistic {stat!r}; valid: {', '.join(STATS)}")
+    values_with_failures = np.concatenate([ok, np.full(failed, np.nan)])
+    return censored_percentile(values_with_failures, _PERCENTILES[stat]), n, failed
 
 
 def _is_good(record: RequestRecord, slo: SLO | None) -> bool:

@@ -1,8 +1,9 @@
 """Service-level objectives: parsing the ``@slo(...)`` marker and checking a summary against it.
 
 Keys are ``<metric>_<stat>`` latency limits in seconds (``ttft_p95=1.0``), plus ``error_rate``
-(max fraction), ``goodput_min_rps`` and ``attainment_min`` (min fraction). The latency limits
-double as the per-request SLO that defines goodput (:meth:`SLO.is_good`). ``tolerance``,
+(max fraction), ``goodput_min_rps`` and ``attainment_min`` (min fraction). The tail latency limits
+(``p90``, ``p95``, ``p99``, ``max``) double as the per-request SLO that defines goodput
+(:meth:`SLO.is_good`); ``p50`` and ``mean`` limits do not (see there). ``tolerance``,
 ``trials`` and ``request_type`` ride along for the pytest layer and the baseline comparison.
 """
 
@@ -16,12 +17,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pytest_llmperf.errors import InputError
-from pytest_llmperf.metrics import METRICS, STATS, Summary, request_itl_s, sample_stat
+from pytest_llmperf.metrics import METRICS, STATS, Summary, censored_stat, request_itl_s, sample_stat
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from pytest_llmperf.records import RequestRecord
 
 LATENCY_KEYS = tuple(f"{m}_{s}" for m in METRICS for s in STATS)
+# Thresholds at these stats are also per-request limits (goodput); p50 and mean are not.
+PER_REQUEST_STATS = ("p90", "p95", "p99", "max")
 RATE_KEYS = ("error_rate", "goodput_min_rps", "attainment_min")
 OPTION_KEYS = ("tolerance", "trials", "request_type")
 VALID_KEYS = LATENCY_KEYS + RATE_KEYS + OPTION_KEYS
@@ -142,11 +147,18 @@ class SLO:
     def is_good(self, record: RequestRecord) -> bool:
         """Whether one request met the per-request SLO (the definition of goodput).
 
-        Good = succeeded and, for every latency threshold, the request's own value <= limit:
-        ``ttft_*``, ``ttfvt_*``, ``e2e_*`` compare the request's latency (a missing one, e.g. no
-        visible token, is not good); ``tpot_*`` its TPOT; ``itl_<stat>`` that stat of its own ITL
-        samples. TPOT and ITL do not exist below two tokens, so they cannot be violated there.
-        Requests of another type than ``request_type`` are good when they succeeded.
+        Good = succeeded and, for every latency threshold at ``p90``, ``p95``, ``p99`` or
+        ``max`` (:data:`PER_REQUEST_STATS`), the request's own value <= limit: ``ttft_*``,
+        ``ttfvt_*``, ``e2e_*`` compare the request's latency (a missing one, e.g. no visible token,
+        is not good); ``tpot_*`` its TPOT; ``itl_<stat>`` that stat of its own ITL samples. TPOT
+        and ITL do not exist below two tokens, so they cannot be violated there. Requests of
+        another type than ``request_type`` are good when they succeeded.
+
+        ``p50`` and ``mean`` thresholds are not per-request limits: a limit near the median is
+        missed by about half the requests by design, so goodput would count coin flips (a p50
+        limit as a per-request limit amplifies run-to-run noise of goodput ~2.7x); they are
+        checked on the distribution only. An SLO with only such thresholds counts every
+        success as good.
         """
         if not record.ok:
             return False
@@ -154,6 +166,8 @@ class SLO:
             return True
         itl = None
         for threshold in self.latency:
+            if threshold.stat not in PER_REQUEST_STATS:
+                continue
             if threshold.metric == "itl":
                 if itl is None:
                     itl = request_itl_s(record)
@@ -173,22 +187,30 @@ class SLO:
         return True
 
 
-def check(summary: Summary, slo: SLO) -> list[SLOCheck]:
+def check(summary: Summary, slo: SLO, records: Sequence[RequestRecord] | None = None) -> list[SLOCheck]:
     """Check every threshold of ``slo`` against ``summary``: one :class:`SLOCheck` per key.
 
-    Latency keys read the summary's distribution at that stat; a stat with no samples fails.
-    Rate keys fail when no request was measured. With ``slo.request_type`` set, the checks read
-    ``summary.by_type[request_type]``.
+    With ``records`` (the run's request records), latency keys read
+    :func:`~pytest_llmperf.metrics.censored_stat`: failed and cancelled requests count as +inf,
+    so a percentile cannot improve by turning slow requests into timeouts (p95 is +inf, and fails,
+    once more than 5% of the requests failed). Without records they read the summary's
+    distribution of successful requests (failures then show only in the rate keys). A stat with
+    no samples fails. Rate keys fail when no request was measured. With ``slo.request_type``
+    set, the checks read ``summary.by_type[request_type]`` and that type's records.
     """
     target = _target(summary, slo)
     label = f"[{slo.request_type}]" if slo.request_type is not None else ""
     out = []
     for threshold in slo.latency:
         dist = target.distribution(threshold.metric)
-        measured = dist.stat(threshold.stat)
+        measured, n, failed = dist.stat(threshold.stat), dist.count, 0
+        if records is not None:
+            measured, n, failed = censored_stat(records, threshold.metric, threshold.stat,
+                                                request_type=slo.request_type)
+        detail = f"n={n}, {failed} failed counted as +inf" if failed else None
         out.append(_make_check(
-            threshold.key, threshold.metric, threshold.stat, threshold.limit_s, measured, dist.count,
-            "s", upper=True, label=label, fmt=_seconds_formatter(threshold.limit_s),
+            threshold.key, threshold.metric, threshold.stat, threshold.limit_s, measured, n,
+            "s", upper=True, label=label, fmt=_seconds_formatter(threshold.limit_s), detail=detail,
         ))
     n = target.requests
     if slo.error_rate is not None:
@@ -240,6 +262,9 @@ def _make_check(
         message = f"{name}: {what} (n={n}), limit {fmt(limit, 2)}: counted as a failure"
         return SLOCheck(key, metric, stat, limit, None, n, False, unit, message)
     passed = measured <= limit if upper else measured >= limit
+    if math.isinf(measured):
+        message = f"{name}: beyond every successful request ({detail or f'n={n}'}) > limit {fmt(limit, 2)}"
+        return SLOCheck(key, metric, stat, limit, float(measured), n, passed, unit, message)
     if upper:
         op = "<=" if passed else ">"
         bound = "limit"

@@ -74,6 +74,21 @@ Failed requests in quick mode (NaN in the latency sequence):
   The bootstrap keeps each side's request count fixed: the load generator's seeded schedule
   offers the same requests to both sides, so arrival-count noise is not part of the comparison.
 
+Quick-mode p-value: the percentile-bootstrap count (k + 1)/(B + 1) where at least 20 replicates
+lie at or beyond "no worse"; below that the count is floored at 1/(B + 1) (5e-4 for B = 2000),
+which Bonferroni over m ≥ 101 statistics can never bring under α, so the tail is extended by the
+normal approximation Φ(−mean/SD) of the replicates (:func:`_bootstrap_p`).
+
+Failures in trials mode: per-trial latency statistics count failed and cancelled requests as +inf
+(:func:`pytest_llmperf.metrics.censored_stat`); the baseline layer caps an infinite trial value
+at twice the largest finite one on either side before :func:`compare_trials` (see
+``pytest_llmperf.baseline.compare._compare_trial_values``).
+
+Error rate (:func:`compare_counts`): failed / requests pooled per side, on the absolute scale
+(change, interval and tolerance in fractions: a relative change of a rate near 0 means nothing),
+with tolerance max(δ·p_baseline, 0.5 percentage points), a one-sided Fisher exact test and
+Newcombe's score interval for the difference; ``mode="counts"``.
+
 Percentile statistics need at least :data:`MIN_TAIL_SAMPLES` requests beyond the percentile in
 quick mode (p95 ≥ 400 requests, p99 ≥ 2000); below that they are NOT_GATED. In trials mode a noisy
 per-trial percentile only adds trial-to-trial variance, which the t-test sees, so it stays
@@ -111,6 +126,7 @@ __all__ = [
     "QUICK_STATISTICS",
     "Comparison",
     "Verdict",
+    "compare_counts",
     "compare_sequences",
     "compare_trials",
     "decide",
@@ -135,10 +151,15 @@ DEFAULT_N_RESAMPLES = 2000
 
 QUICK_STATISTICS = ("p50", "p90", "p95", "p99", "mean", "rate")
 _PERCENTILE_RE = re.compile(r"^p(\d{1,2}(?:\.\d+)?)$")
+# Below this many bootstrap replicates beyond zero, quick mode's p-value comes from the normal
+# approximation of the replicates instead of their count (see _bootstrap_p).
+_MIN_TAIL_REPLICATES = 20
+# Error rate: the smallest change in percentage points that counts as worse (see compare_counts).
+ERROR_RATE_FLOOR = 0.005
 # Bootstrap replicates of θ are clipped here so a side with zero goodput gives a finite,
 # maximally bad replicate instead of -inf (which breaks quantile interpolation).
 _THETA_CLIP = 20.0
-MODES = ("trials", "quick")
+MODES = ("trials", "quick", "counts", "search")
 
 
 class Verdict(str, enum.Enum):
@@ -223,16 +244,24 @@ class Comparison:
     def message(self) -> str:
         """One line for humans, e.g. ``goodput 7.10 → 6.20 req/s (−12.7%, 90% CI −16.1% … −9.0%,
         tolerance 5%)``."""
-        values = fmt_pair(self.baseline_value, self.candidate_value, self.unit)
-        head = f"{self.name} {values}" if values else self.name
+        if self.unit == "fraction":
+            # An error rate: values as percentages, changes in percentage points (compare_counts).
+            head = f"{self.name} {_fmt_rate(self.baseline_value)} → {_fmt_rate(self.candidate_value)}"
+        else:
+            values = fmt_pair(self.baseline_value, self.candidate_value, self.unit)
+            head = f"{self.name} {values}" if values else self.name
         if not math.isfinite(self.change):
             return f"{head} (not gated: {self.reason})" if self.reason else head
         level = f"{self.confidence * 100:g}% CI"
-        parts = [
-            fmt_pct(self.change),
-            f"{level} {fmt_pct(self.ci_low)} … {fmt_pct(self.ci_high)}",
-            f"tolerance {self.tolerance * 100:g}%",
-        ]
+        if self.unit == "fraction":
+            parts = [_fmt_pp(self.change), f"{level} {_fmt_pp(self.ci_low)} … {_fmt_pp(self.ci_high)}",
+                     f"tolerance {self.tolerance * 100:.2g} pp"]
+        else:
+            parts = [
+                fmt_pct(self.change),
+                f"{level} {fmt_pct(self.ci_low)} … {fmt_pct(self.ci_high)}",
+                f"tolerance {self.tolerance * 100:g}%",
+            ]
         if self.mode == "quick":
             parts.append("quick: 1 run per side")
         text = f"{head} ({', '.join(parts)})"
@@ -421,6 +450,86 @@ def compare_trials(
     return _build(common, _geomean(b), _geomean(c), theta, theta - half, theta + half, p_worse)
 
 
+# --------------------------------------------------------------------------- error rate
+
+
+def compare_counts(
+    name: str,
+    baseline_failed: int,
+    baseline_total: int,
+    candidate_failed: int,
+    candidate_total: int,
+    *,
+    tolerance: float = DEFAULT_TOLERANCE,
+    alpha: float = DEFAULT_ALPHA,
+    floor: float = ERROR_RATE_FLOOR,
+) -> Comparison:
+    """Compare error rates: failed / total requests, pooled over each side's trials.
+
+    A rate near 0 has no useful relative scale (0.1% → 0.2% is +100%), so this comparison works
+    on the absolute difference d = p_c − p_b, and ``change``, ``ci_low``/``ci_high`` and
+    ``tolerance`` of the result are in that unit (fractions; reports print percentage points).
+    The tolerance is max(δ·p_b, ``floor``): relative to the baseline's rate, but never below
+    ``floor`` (default 0.5 percentage points), under which a change is not worth a failed build.
+
+    * p-value: one-sided Fisher exact test (conditional on the total number of failures) of
+      "the candidate's rate is not higher", exact at any count, including none at all;
+    * interval: Newcombe's hybrid score interval for d (from the two Wilson intervals) at
+      1 − 2α, well-behaved at 0 failures, where the Wald interval collapses;
+    * verdict: :func:`decide` on d with the tolerance above. When a side has so few requests
+      that even zero failures could not bound its rate within ``floor`` (Wilson upper bound at
+      0 of n above ``floor``), a result that would be INCONCLUSIVE is NOT_GATED instead (it is
+      the sample size, not the server, that cannot be decided); REGRESSED stays possible.
+
+    Pooling treats requests as independent. Failures that come in bursts (one bad trial) make
+    the test liberal, and the absolute floor is what bounds that in practice. ``theta`` is the
+    log rate ratio with half a failure added per side (defined at zero failures).
+    """
+    _check_common(name, tolerance, alpha)
+    counts = [baseline_failed, baseline_total, candidate_failed, candidate_total]
+    if any(isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < 0 for x in counts):
+        raise ValueError(f"{name}: failure counts and totals must be non-negative integers, got {counts}")
+    kb, nb, kc, nc = (int(x) for x in counts)
+    if kb > nb or kc > nc:
+        raise ValueError(f"{name}: more failures than requests ({kb}/{nb} vs {kc}/{nc})")
+    common: dict[str, Any] = dict(name=name, unit="fraction", higher_is_better=False, alpha=alpha, mode="counts",
+                                  n_baseline=nb, n_candidate=nc,
+                                  method="Fisher exact (one-sided) on pooled failures; Newcombe interval")
+    pb = kb / nb if nb else math.nan
+    pc = kc / nc if nc else math.nan
+    tol = max(tolerance * pb, floor) if nb else floor
+    common["tolerance"] = tol
+    if nb == 0 or nc == 0:
+        return _not_gated(common, "no measured requests on a side", baseline_value=pb, candidate_value=pc)
+    z = float(sps.norm.ppf(1.0 - alpha))
+    lc, uc = _wilson(kc, nc, z)
+    lb, ub = _wilson(kb, nb, z)
+    d = pc - pb
+    lo = d - math.sqrt((pc - lc) ** 2 + (ub - pb) ** 2)
+    hi = d + math.sqrt((uc - pc) ** 2 + (pb - lb) ** 2)
+    if kb + kc == 0:
+        p = 1.0
+    else:
+        p = float(sps.fisher_exact([[kc, nc - kc], [kb, nb - kb]], alternative="greater").pvalue)
+    theta = math.log(((kc + 0.5) / nc) / ((kb + 0.5) / nb))
+    verdict, reason = decide(d, lo, hi, p, tolerance=tol, alpha=alpha, higher_is_better=False)
+    if verdict is Verdict.INCONCLUSIVE and _wilson(0, min(nb, nc), z)[1] > floor:
+        verdict = Verdict.NOT_GATED
+        reason = (f"too few requests ({min(nb, nc)} on the smaller side) to bound an error rate within "
+                  f"{floor * 100:g} percentage points; reported, not gated")
+    return Comparison(baseline_value=pb, candidate_value=pc, change=d, theta=theta, ci_low=lo, ci_high=hi,
+                      p_value=p, p_adjusted=p, verdict=verdict, reason=reason, **common)
+
+
+def _wilson(k: int, n: int, z: float) -> tuple[float, float]:
+    """Wilson score interval for k successes of n at normal quantile z."""
+    p = k / n
+    denom = 1.0 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
 # --------------------------------------------------------------------------- quick mode
 
 
@@ -557,13 +666,35 @@ def compare_sequences(
         theta_star = theta_star + rng.normal(0.0, math.sqrt(2.0) * sigma, size=theta_star.size)
     lo, hi = np.quantile(theta_star, [alpha, 1.0 - alpha])
     bad_star = -theta_star if higher_is_better else theta_star
-    # Percentile-bootstrap p-value, the one whose rejection region matches the interval above.
-    p_worse = (np.count_nonzero(bad_star <= 0.0) + 1.0) / (theta_star.size + 1.0)
+    p_worse = _bootstrap_p(bad_star)
     common["method"] = (
         f"circular block bootstrap ({n_resamples} resamples, blocks {lens[0]}/{lens[1]})"
         + (f", run CV prior {run_cv:.1%}" if run_cv > 0 else "")
     )
     return _build(common, b_val, c_val, theta, float(lo), float(hi), float(p_worse))
+
+
+def _bootstrap_p(bad_star: np.ndarray) -> float:
+    """One-sided p-value against "not worse" from bootstrap replicates of the badness.
+
+    Where the bootstrap resolves it (at least :data:`_MIN_TAIL_REPLICATES` replicates at or below
+    0), the percentile-bootstrap p-value (k + 1)/(B + 1), whose rejection region matches the
+    percentile interval. Below that its resolution floors p at 1/(B + 1) (5e-4 for B = 2000),
+    which Bonferroni over a family of m ≥ 101 statistics can never bring under α = 0.05: a 97%
+    slowdown would read INCONCLUSIVE. There the tail is extended with the normal approximation
+    from the replicates themselves, Φ(−mean/SD), never above the empirical value (it replaces
+    the floor, not the evidence).
+    """
+    b = bad_star.size
+    k = int(np.count_nonzero(bad_star <= 0.0))
+    empirical = (k + 1.0) / (b + 1.0)
+    if k >= _MIN_TAIL_REPLICATES:
+        return empirical
+    sd = float(np.std(bad_star, ddof=1)) if b > 1 else 0.0
+    mean = float(np.mean(bad_star))
+    if sd == 0.0:
+        return 0.0 if mean > 0 else empirical
+    return min(empirical, float(sps.norm.sf(mean / sd)))
 
 
 class _QuantileStat:
@@ -849,6 +980,14 @@ def _geomean(arr: np.ndarray) -> float:
 def _preview(arr: np.ndarray) -> str:
     shown = ", ".join(f"{v:g}" for v in arr[:3])
     return shown + (", …" if arr.size > 3 else "")
+
+
+def _fmt_rate(v: float) -> str:
+    return "–" if math.isnan(v) else f"{v * 100:.2f}%"
+
+
+def _fmt_pp(v: float) -> str:
+    return f"{v * 100:+.2f} pp".replace("-", "−")
 
 
 def _float_to_json(v: float) -> float | str | None:

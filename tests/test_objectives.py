@@ -168,7 +168,7 @@ def test_check_reports_pass_and_fail_with_readable_messages():
 
 def test_check_goodput_and_attainment_use_the_slo_as_per_request_rule():
     records = _run([0.1, 0.2, 0.9, 1.2] * 10)
-    slo = SLO.parse({"ttft_p50": 0.5, "attainment_min": 0.6, "goodput_min_rps": 0.5})
+    slo = SLO.parse({"ttft_p90": 0.5, "attainment_min": 0.6, "goodput_min_rps": 0.5})
     summary = summarize(records, slo=slo, window_s=(0.0, 40.0))
     results = {c.key: c for c in check(summary, slo)}
     assert results["attainment_min"].measured == pytest.approx(0.5)

@@ -1,11 +1,19 @@
 """Comparing a candidate entry with its baseline entries: the statistics behind every verdict.
 
-Which statistics are gated: every latency threshold of the test's main SLO (``ttft_p95``...) and
-goodput. The decision itself lives in :mod:`pytest_llmperf.stats`; this module picks trials mode
-(at least two trials on each side) or quick mode (per-request sequences), applies the percentile
-floor, and the multiplicity corrections the gate session asks for: Bonferroni with the session's
-family size while a test runs, then Holm over everything at the end, which can only find more
-regressions, never fewer. Capacity searches are gated by their search brackets.
+Which statistics are gated (:func:`~pytest_llmperf.baseline.schema.gated_stats`): every latency
+threshold of the test's main SLO (``ttft_p95``...), every latency threshold of its per-type SLOs
+(``rag:ttft_p95``, trials mode only: per-request samples carry no type), goodput and the error
+rate. The decision itself lives in :mod:`pytest_llmperf.stats`; this module picks trials mode (at
+least two trials on each side) or quick mode (per-request sequences), compares the error rate as
+pooled counts, applies the percentile floor, and the multiplicity corrections the gate session
+asks for: Bonferroni with the session's family size while a test runs, then Holm over everything
+at the end, which can only find more regressions, never fewer. Capacity searches are gated by
+their search brackets.
+
+Failures count: per-trial latency statistics hold failed and cancelled requests as +inf (a
+percentile beyond every successful request is +inf); :func:`_compare_trial_values` states how
+such values enter the t-test. Trials saved before this (no ``"censored"`` flag) have their
+statistics recomputed from their samples when they had failures.
 """
 
 from __future__ import annotations
@@ -18,15 +26,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pytest_llmperf.baseline.samples import unpack_samples
-from pytest_llmperf.baseline.schema import GatedStat, gated_stats
+from pytest_llmperf.baseline.schema import GatedStat, entry_gated_stats
 from pytest_llmperf.fingerprint import Fingerprint, ensure_comparable
-from pytest_llmperf.objectives import SLO
+from pytest_llmperf.metrics import censored_percentile
 from pytest_llmperf.stats import (
     DEFAULT_QUICK_RUN_CV,
     MIN_TAIL_SAMPLES,
     VERDICTS,
     Comparison,
     Verdict,
+    compare_counts,
     compare_sequences,
     compare_trials,
     decide,
@@ -85,20 +94,28 @@ def compare_entries(
     latest = baseline[0]
     cand_fp = Fingerprint.from_dict(candidate["fingerprint"])
     allowed = ensure_comparable(Fingerprint.from_dict(latest["fingerprint"]), cand_fp, allow)
-    slo = SLO.parse(candidate["slo"]) if candidate.get("slo") else None
     base_trials = [t for entry in baseline for t in entry.get("trials", [])]
     cand_trials = list(candidate.get("trials", []))
     out = RunComparison(key=key, label=candidate.get("label", key),
                         allowed_diffs=[d.describe() for d in allowed] if allowed else [])
-    for g in gated_stats(slo):
+    for g in entry_gated_stats(candidate):
+        if g.kind == "errors":
+            comp = _compare_errors(g, baseline, candidate, tolerance=tolerance, alpha=alpha)
+            out.comparisons.append(_bonferroni(comp, family_size))
+            continue
         b_vals = [_trial_stat(t, g) for t in base_trials]
         c_vals = [_trial_stat(t, g) for t in cand_trials]
         b_known = [v for v in b_vals if v is not None]
         c_known = [v for v in c_vals if v is not None]
         if len(b_vals) >= 2 and len(c_vals) >= 2 and len(b_known) == len(b_vals) and len(c_known) == len(c_vals):
-            comp = compare_trials(g.key, b_known, c_known, higher_is_better=g.higher_is_better,
-                                  tolerance=tolerance, alpha=alpha, unit=g.unit)
+            comp = _compare_trial_values(g, b_known, c_known, tolerance=tolerance, alpha=alpha)
             comp = _tail_floor(comp, g, baseline, candidate)
+        elif g.request_type is not None:
+            # Per-request samples carry no request type, so quick mode cannot split them.
+            why = ("the baseline has no per-type statistics (saved by an older version); save it again"
+                   if None in b_vals else f"per-type statistics need at least 2 trials per side "
+                   f"(got {len(b_vals)} vs {len(c_vals)})")
+            comp = _not_gated_stat(g, len(b_vals), len(c_vals), tolerance, alpha, why)
         else:
             series = "good" if g.metric is None else g.metric
             b_seq, b_win = _sequences({"trials": base_trials[:1]}, series)
@@ -132,14 +149,22 @@ def _tail_floor(comp: Comparison, g: GatedStat, baseline: Sequence[Mapping[str, 
                 candidate: Mapping[str, Any]) -> Comparison:
     """A percentile needs about MIN_TAIL_SAMPLES samples beyond it (pooled over a side's trials):
     below that, each trial's "p99" is really its maximum, and it is reported, not gated. Sample
-    counts come from the pooled summaries (for ITL they count inter-token gaps, not requests)."""
+    counts come from the pooled summaries (of the request type, for a per-type statistic): the
+    successful requests with a value plus the failed and cancelled ones, which the censored
+    percentile counts as +inf (for ITL they count inter-token gaps, not requests)."""
     if not g.stat.startswith("p") or not comp.gated:
         return comp
     q = float(g.stat[1:]) / 100.0
 
     def count(entry: Mapping[str, Any]) -> int:
-        dist = (entry.get("summary") or {}).get(g.metric) or {}
-        return int(dist.get("count") or 0)
+        summary = entry.get("summary") or {}
+        if g.request_type is not None:
+            summary = (summary.get("by_type") or {}).get(g.request_type) or summary
+        dist = summary.get(g.metric) or {}
+        n = int(dist.get("count") or 0)
+        if g.metric != "itl_s":
+            n += int(summary.get("failed") or 0) + int(summary.get("cancelled") or 0)
+        return n
 
     sizes = [sum(count(e) for e in baseline), count(candidate)]
     need = int(math.ceil(MIN_TAIL_SAMPLES / (1.0 - q)))
@@ -151,14 +176,107 @@ def _tail_floor(comp: Comparison, g: GatedStat, baseline: Sequence[Mapping[str, 
     return dataclasses.replace(comp, verdict=Verdict.NOT_GATED, reason=reason)
 
 
+_PERCENTILE_Q = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0}
+
+
 def _trial_stat(trial: Mapping[str, Any], g: GatedStat) -> float | None:
     value = trial["stats"].get(g.key)
-    if value is None or g.metric is not None:
-        return value
+    if g.kind == "latency":
+        if not trial.get("censored") and g.request_type is None:
+            # Saved before failures counted: recompute from the samples, where a failed request is
+            # NaN in e2e_s (every successful request has an end-to-end latency).
+            recomputed = _censored_from_samples(trial, g)
+            if recomputed is not None:
+                return recomputed
+        return None if value is None else float(value)  # "inf" in a report file is +inf
+    if value is None:
+        return None
     # Goodput is a count over a window; half a request of continuity correction keeps the log-ratio
     # defined when a side had no good request at all (a collapse to zero must read REGRESSED).
     window = float(trial.get("window_s") or 0.0)
     return value + 0.5 / window if window > 0 else value
+
+
+def _censored_from_samples(trial: Mapping[str, Any], g: GatedStat) -> float | None:
+    samples = trial.get("samples") or {}
+    if g.metric not in samples or "e2e_s" not in samples:
+        return None
+    values = unpack_samples(samples[g.metric])
+    failed = np.isnan(unpack_samples(samples["e2e_s"]))
+    if values.shape != failed.shape or not failed.any():
+        return None  # no failure: the stored value is already the censored one
+    if g.stat in _PERCENTILE_Q:
+        kept = values[failed | ~np.isnan(values)]  # failures stay (as NaN = +inf), undefined values go
+        value = censored_percentile(kept, _PERCENTILE_Q[g.stat])
+        return None if math.isnan(value) else value
+    ok = values[~failed & ~np.isnan(values)]
+    if g.stat == "max":
+        return math.inf if failed.any() else (float(ok.max()) if ok.size else None)
+    if g.stat == "mean":
+        return float(ok.mean()) if ok.size else None
+    return None
+
+
+def _compare_trial_values(g: GatedStat, b_vals: list[float], c_vals: list[float], *, tolerance: float,
+                          alpha: float) -> Comparison:
+    """Trials mode, with censored trial values made comparable.
+
+    A per-trial percentile is +inf when more than its tail fraction of the trial's requests
+    failed. Such values are capped, on both sides alike, at C = 2 × the largest finite value of
+    the statistic on either side, and the t-test runs on the capped values: the cap is beyond
+    every real measurement, so the capped candidate still ranks worst, the estimated change is a
+    lower bound on the true (infinite) one, and since both sides use the same C an A/A
+    comparison stays symmetric. The method names how many trials were capped. With no finite
+    value at all (every trial on both sides failed beyond the percentile) it is NOT_GATED; the
+    error rate gates that run.
+    """
+    values = b_vals + c_vals
+    capped = sum(1 for v in values if math.isinf(v))
+    if capped:
+        finite = [v for v in values if math.isfinite(v) and v > 0]
+        if not finite:
+            return _not_gated_stat(g, len(b_vals), len(c_vals), tolerance, alpha,
+                                   f"{g.stat} lands on failed requests in every trial of both sides; "
+                                   "the error rate gates this run")
+        cap = 2.0 * max(finite)
+        b_vals = [cap if math.isinf(v) else v for v in b_vals]
+        c_vals = [cap if math.isinf(v) else v for v in c_vals]
+    comp = compare_trials(g.key, b_vals, c_vals, higher_is_better=g.higher_is_better,
+                          tolerance=tolerance, alpha=alpha, unit=g.unit)
+    if capped:
+        b_inf = sum(1 for v in values[:len(b_vals)] if math.isinf(v))
+        note = (f"; failures as +inf: {b_inf} baseline and {capped - b_inf} candidate trials beyond every "
+                "successful request, capped at 2x the largest finite value (the change is a lower bound)")
+        comp = dataclasses.replace(comp, method=comp.method + note)
+    return comp
+
+
+def _compare_errors(g: GatedStat, baseline: Sequence[Mapping[str, Any]], candidate: Mapping[str, Any], *,
+                    tolerance: float, alpha: float) -> Comparison:
+    """Error rate: failed / requests from each side's pooled summaries (all pooled baseline
+    entries), compared as counts (:func:`~pytest_llmperf.stats.compare_counts`)."""
+    def counts(entries: Sequence[Mapping[str, Any]]) -> tuple[int, int] | None:
+        failed = total = 0
+        for e in entries:
+            summary = e.get("summary") or {}
+            if "failed" not in summary or "requests" not in summary:
+                return None
+            failed += int(summary["failed"])
+            total += int(summary["requests"])
+        return failed, total
+
+    b, c = counts(baseline), counts([candidate])
+    if b is None or c is None:
+        return _not_gated_stat(g, 0, 0, tolerance, alpha, "a side has no request counts in its summary")
+    return compare_counts(g.key, b[0], b[1], c[0], c[1], tolerance=tolerance, alpha=alpha)
+
+
+def _not_gated_stat(g: GatedStat, n_b: int, n_c: int, tolerance: float, alpha: float, reason: str) -> Comparison:
+    nan = math.nan
+    return Comparison(name=g.key, unit=g.unit, higher_is_better=g.higher_is_better, baseline_value=nan,
+                      candidate_value=nan, change=nan, theta=nan, ci_low=nan, ci_high=nan, p_value=nan,
+                      p_adjusted=nan, tolerance=tolerance, alpha=alpha, mode="trials", n_baseline=n_b,
+                      n_candidate=n_c, verdict=Verdict.NOT_GATED, reason=reason)
 
 
 def _bonferroni(c: Comparison, m: int) -> Comparison:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pytest_llmperf.baseline.compare import RunComparison, compare_capacity, compare_entries, headline, session_holm
-from pytest_llmperf.baseline.schema import SavedEntry, entry_slo, gated_stats, is_capacity
+from pytest_llmperf.baseline.schema import SavedEntry, entry_gated_stats, entry_slo, is_capacity
 from pytest_llmperf.stats import DEFAULT_ALPHA, DEFAULT_TOLERANCE, Comparison
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ class GateSession:
         m = 0
         for key, entries in self.baseline.items():
             if entries and not is_capacity(entries[0]) and in_session(node_of(key)):
-                m += len(gated_stats(entry_slo(entries[0])))
+                m += len(entry_gated_stats(entries[0]))
         self.family_size = max(1, m)
         return self.family_size
 

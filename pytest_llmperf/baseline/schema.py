@@ -2,8 +2,11 @@
 
 A saved session is ``{"plugin_version", "created_at", "tests": {key: entry}}`` where ``key`` is
 ``<pytest node id>#<run index>`` (a test may run several workloads; capacity searches are
-``#capacity<n>``) and ``entry`` holds the run's fingerprint, workload, SLO, pooled summary and, per
-trial, the gated statistics plus compact per-request samples (for quick mode and plots). A
+``#capacity<n>``) and ``entry`` holds the run's fingerprint, workload, SLO (and per-request-type
+SLOs, ``type_slos``), pooled summary and, per trial, the gated statistics plus compact per-request
+samples (for quick mode and plots). Per-trial latency statistics count failed and cancelled
+requests as +inf (``"censored": true``; trials saved before that lack the flag, and the gate
+recomputes their statistics from the samples). A
 capacity entry holds the search's result instead of trials.
 
 This one shape is what the store saves, what the gate compares and what the report document
@@ -21,11 +24,11 @@ import numpy as np
 from pytest_llmperf._version import __version__
 from pytest_llmperf.baseline.samples import PackedSamples, pack_samples
 from pytest_llmperf.fingerprint import Fingerprint
-from pytest_llmperf.metrics import per_request_samples
+from pytest_llmperf.metrics import censored_stat, per_request_samples
 from pytest_llmperf.objectives import SLO
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
 
     from pytest_llmperf.results import RunResult, TrialResult
     from pytest_llmperf.workload import Workload
@@ -37,6 +40,7 @@ class TrialEntry(TypedDict, total=False):
     index: int
     started_at: str
     window_s: float
+    censored: bool  # latency stats count failures as +inf (absent in entries of older versions)
     stats: dict[str, float | None]
     samples: dict[str, PackedSamples]
 
@@ -49,6 +53,7 @@ class SavedEntry(TypedDict, total=False):
     model: str
     workload: dict[str, Any]
     slo: dict[str, Any] | None
+    type_slos: list[dict[str, Any]]
     fingerprint: dict[str, Any]
     summary: dict[str, Any] | None
     cache_check: dict[str, Any] | None
@@ -77,41 +82,85 @@ def entry_slo(entry: Mapping[str, Any], *, source: str | None = None) -> SLO | N
 
 SAMPLE_SERIES = ("ttft_s", "ttfvt_s", "tpot_s", "e2e_s", "good")
 GOODPUT_KEY = "goodput"
+ERROR_RATE_KEY = "error_rate"
+TYPE_SEP = ":"
 
 
 @dataclass(frozen=True)
 class GatedStat:
-    key: str  # "ttft_p95" or "goodput"
-    metric: str | None  # Summary attribute ("ttft_s"); None for goodput
-    stat: str  # "p95", "mean"... or "rate" for goodput
+    """One gated statistic. ``kind``: "latency" (a threshold's statistic, failures as +inf),
+    "goodput" (good requests / window) or "errors" (failed / requests, compared as counts)."""
+
+    key: str  # "ttft_p95", "rag:ttft_p95", "goodput" or "error_rate"
+    metric: str | None  # Summary attribute ("ttft_s"); None for goodput and error rate
+    stat: str  # "p95", "mean"... or "rate"
     higher_is_better: bool
     unit: str
+    request_type: str | None = None
+    kind: str = "latency"
 
 
-def gated_stats(slo: SLO | None) -> list[GatedStat]:
+def gated_stats(slo: SLO | None, type_slos: Sequence[SLO] = ()) -> list[GatedStat]:
+    """What the gate compares for a run: every latency threshold of the main SLO, every latency
+    threshold of each per-type SLO (``request_type="rag"`` gives ``rag:ttft_p95``, computed per
+    trial from that type's requests), goodput, and the error rate.
+
+    The error rate is gated always, not only when the SLO names ``error_rate``: a change that
+    makes requests fail is a regression of any workload, and censored percentiles see failures
+    only once they exceed the percentile's tail (5% for p95). It costs one member of the
+    multiplicity family per run.
+    """
     out = []
     if slo is not None and not slo.request_type:
         for t in slo.latency:
             out.append(GatedStat(t.key, f"{t.metric}_s", t.stat, False, "s"))
-    out.append(GatedStat(GOODPUT_KEY, None, "rate", True, "req/s"))
+    seen = {g.key for g in out}
+    for type_slo in type_slos:
+        rt = type_slo.request_type
+        if not rt:
+            continue
+        for t in type_slo.latency:
+            key = f"{rt}{TYPE_SEP}{t.key}"
+            if key not in seen:
+                seen.add(key)
+                out.append(GatedStat(key, f"{t.metric}_s", t.stat, False, "s", request_type=rt))
+    out.append(GatedStat(GOODPUT_KEY, None, "rate", True, "req/s", kind="goodput"))
+    out.append(GatedStat(ERROR_RATE_KEY, None, "rate", False, "fraction", kind="errors"))
     return out
 
 
-def trial_value(summary: Any, g: GatedStat) -> float | None:
-    if g.metric is None:
+def entry_type_slos(entry: Mapping[str, Any]) -> list[SLO]:
+    """The per-request-type SLOs an entry was measured under (absent in older entries: none)."""
+    return [SLO.parse(raw) for raw in entry.get("type_slos") or []]
+
+
+def entry_gated_stats(entry: Mapping[str, Any]) -> list[GatedStat]:
+    return gated_stats(entry_slo(entry), entry_type_slos(entry))
+
+
+def trial_value(records: Sequence[Any], summary: Any, g: GatedStat) -> float | None:
+    """One trial's value of a gated statistic. Latency: :func:`~pytest_llmperf.metrics.censored_stat`
+    over the trial's records (of ``g.request_type`` when set), failures as +inf. Goodput: the
+    summary's ``goodput_rps``. Error rate: the summary's ``error_rate`` (shown per trial; the
+    gate compares the pooled counts)."""
+    if g.kind == "goodput":
         return float(summary.goodput_rps)
-    value = getattr(summary, g.metric).stat(g.stat)
+    if g.kind == "errors":
+        return float(summary.error_rate)
+    assert g.metric is not None
+    value, _, _ = censored_stat(records, g.metric[:-2], g.stat, request_type=g.request_type)
     return None if value is None else float(value)
 
 
-def trial_entry(trial: TrialResult, slo: SLO | None) -> TrialEntry:
+def trial_entry(trial: TrialResult, slo: SLO | None, type_slos: Sequence[SLO] = ()) -> TrialEntry:
     samples = per_request_samples(trial.records, slo=slo)
     start, end = trial.window_s
     return {
         "index": trial.index,
         "started_at": trial.started_at,
         "window_s": end - start,
-        "stats": {g.key: trial_value(trial.summary, g) for g in gated_stats(slo)},
+        "censored": True,
+        "stats": {g.key: trial_value(trial.records, trial.summary, g) for g in gated_stats(slo, type_slos)},
         "samples": {name: pack_samples(np.asarray(samples[name], dtype=float)) for name in SAMPLE_SERIES if name in samples},
     }
 
@@ -134,7 +183,10 @@ def fingerprint_for(workload: Workload, model: str, slo: SLO | None, server: Any
     )
 
 
-def run_entry(result: RunResult, fingerprint: Fingerprint) -> SavedEntry:
+def run_entry(result: RunResult, fingerprint: Fingerprint, type_slos: Sequence[SLO] = ()) -> SavedEntry:
+    """A run as a saved entry. ``type_slos``: the test's per-request-type SLOs, whose latency
+    thresholds are gated per type (``rag:ttft_p95``)."""
+    typed = [s for s in type_slos if s.request_type]
     return {
         "label": result.label,
         "model": result.model,
@@ -144,7 +196,8 @@ def run_entry(result: RunResult, fingerprint: Fingerprint) -> SavedEntry:
         "summary": result.summary.to_dict(),
         "cache_check": result.cache_check.to_dict() if result.cache_check is not None else None,
         "telemetry": [t.telemetry for t in result.trials],
-        "trials": [trial_entry(t, result.slo) for t in result.trials],
+        "type_slos": [s.to_dict() for s in typed],
+        "trials": [trial_entry(t, result.slo, typed) for t in result.trials],
     }
 
 
@@ -164,6 +217,6 @@ def capacity_entry(result: Any, fingerprint: Fingerprint, label: str, slo: SLO |
             "capacity": result.to_dict()}
 
 
-__all__ = ["GOODPUT_KEY", "SAMPLE_SERIES", "GatedStat", "SavedEntry", "SavedSession", "TrialEntry", "capacity_entry",
+__all__ = ["ERROR_RATE_KEY", "GOODPUT_KEY", "TYPE_SEP", "entry_gated_stats", "entry_type_slos", "SAMPLE_SERIES", "GatedStat", "SavedEntry", "SavedSession", "TrialEntry", "capacity_entry",
            "entry_slo", "fingerprint_for", "gated_stats", "is_capacity", "run_entry", "session_document",
            "trial_entry", "trial_value"]

@@ -18,7 +18,10 @@ if TYPE_CHECKING:
     from collections.abc import Generator
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    # trylast: after pytest's own -k/-m deselection (and other plugins' reordering or
+    # deselection), so the gate's multiplicity family counts only the tests that will run.
     errors = []
     perf = 0
     for item in items:

@@ -85,7 +85,7 @@ class LLMPerf:
         checks = []
         for slo in self.slos:
             try:
-                checks.extend(check(result.summary, slo))
+                checks.extend(check(result.summary, slo, result.records))
             except SLOError as exc:
                 pytest.fail(f"llmperf: {exc}", pytrace=False)
         result.slo_checks = checks
@@ -101,7 +101,7 @@ class LLMPerf:
         self._session.slo_checks[key] = list(result.slo_checks)
         fingerprint = fingerprint_for(result.workload, result.model, result.slo, server,
                                       extra=self._session.fingerprint_extra(server))
-        self._judge(key, run_entry(result, fingerprint))
+        self._judge(key, run_entry(result, fingerprint, self.slos))
         return result
 
     def capacity(self, workload: Workload, *, slo_attainment: float | None = None, start_rps: float | None = None,
