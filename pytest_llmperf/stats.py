@@ -1008,3 +1008,33 @@ def _float_from_json(v: Any, key: str) -> float:
             f"Comparison.from_dict: {key} must be a number, null, 'inf' or '-inf'; got {v!r}"
         )
     return float(v)
+
+
+def effective_sample_size(x: Any) -> float:
+    """How many independent observations a sequence in scheduling order is worth:
+    n_eff = n / τ, τ = 1 + 2 Σ_k ρ_k (the integrated autocorrelation time).
+
+    ρ_k is the lag-k autocorrelation of the normal scores of the ranks (so heavy tails and failed
+    requests, NaN here and ranked as the largest, do not dominate it), summed until it first drops
+    below 0.05 (Sokal's truncation, at most n/4 lags). Requests of one run share queue and batch
+    state, so neighbours are correlated and a percentile of n requests is less precise than n
+    independent draws would make it.
+    """
+    arr = np.asarray(x, dtype=float)
+    n = arr.size
+    if n < 8:
+        return float(n)
+    filled = np.where(np.isnan(arr), np.inf, arr)
+    ranks = sps.rankdata(filled)
+    scores = sps.norm.ppf((ranks - 0.5) / n)
+    scores = scores - scores.mean()
+    var = float(np.dot(scores, scores))
+    if var <= 0:
+        return float(n)
+    tau = 1.0
+    for k in range(1, max(1, n // 4)):
+        rho = float(np.dot(scores[:-k], scores[k:])) / var
+        if rho < 0.05:
+            break
+        tau += 2.0 * rho
+    return n / tau

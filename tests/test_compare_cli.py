@@ -106,7 +106,9 @@ def test_slowdown_regresses_and_exits_1(runs, capsys):
     assert rows["goodput"].endswith("REGRESSED")
     # the detail line is Comparison.message(), with the interval and tolerance
     assert "REGRESSED: test_chat: tpot_p50 " in out and "tolerance 5%" in out
-    assert "llmperf compare FAILED: 2 regressions" in out
+    # tpot_p50 and goodput; tpot_p90 too unless its trials hold too few requests beyond the p90
+    assert ("llmperf compare FAILED: 3 regressions, 1 not gated" in out
+            or "llmperf compare FAILED: 2 regressions, 2 not gated" in out)
 
 
 def test_aa_pair_passes_with_exit_0(runs, capsys):
@@ -164,11 +166,13 @@ def test_reports(runs, capsys, tmp_path):
                             "--markdown", md, "--json", js, "--report-dir", rdir)
     assert code == 1
     doc = json.loads(js.read_text())
-    assert doc["counts"]["regressed"] == 2
+    assert doc["counts"]["regressed"] in (2, 3)
     assert doc["baseline"]["name"] == "main"
     [test] = doc["tests"]
     assert test["outcome"] == "failed"
-    assert {v["name"]: v["verdict"] for v in test["runs"][0]["verdicts"]} == {"tpot_p50": "regressed", "tpot_p90": "not_gated", "goodput": "regressed", "error_rate": "not_gated"}
+    verdicts = {v["name"]: v["verdict"] for v in test["runs"][0]["verdicts"]}
+    assert verdicts.pop("tpot_p90") in ("regressed", "not_gated")
+    assert verdicts == {"tpot_p50": "regressed", "goodput": "regressed", "error_rate": "not_gated"}
     text = md.read_text()
     assert "tpot_p50" in text and "main" in text
     assert (rdir / "llmperf-junit.xml").is_file() and (rdir / "llmperf-summary.md").is_file()
@@ -202,8 +206,9 @@ def test_keys_on_one_side_and_strict(runs, capsys, tmp_path):
     code, out, _ = _compare(capsys, "main", cand, "--store", runs / "store", "--strict")
     assert code == 1
     assert "(fails with --strict)" in out
-    # the other direction: a test the candidate no longer runs is reported, not failed
-    code, out, _ = _compare(capsys, cand, "main", "--store", runs / "store", "--strict")
+    # the other direction: a test the candidate no longer runs is reported, not failed (with one
+    # baseline session the A/A verdicts are INCONCLUSIVE, which only --strict would fail)
+    code, out, _ = _compare(capsys, cand, "main", "--store", runs / "store")
     assert code == 0
     assert "only in baseline, not run by the candidate: test_chat.py::test_new#0" in out
 
@@ -234,23 +239,23 @@ def test_gzip_plain_json_store_file_roundtrip(runs, capsys, tmp_path):
     path = tmp_path / "aa.json.gz"
     path.write_bytes(gzip.compress(json.dumps(run).encode()))
     code, out, _ = _compare(capsys, "main", path, "--store", runs / "store")
-    assert code == 0 and "UNCHANGED" in out
+    assert code == 0 and "tpot_p50" in out and "REGRESSED" not in out
 
 
-def test_pool_uses_older_runs_of_the_baseline_name(runs, capsys, tmp_path):
-    """--pool 2 pools the two newest `main`-named runs: two baseline trials become four."""
+def test_history_uses_older_runs_of_the_baseline_name(runs, capsys, tmp_path):
+    """--history 2 learns from the two newest `main`-named runs: two baseline sessions."""
     store = BaselineStore(tmp_path / "store")
     src = BaselineStore(runs / "store")
     for name in ("main", "aa"):  # two A/A-equivalent runs saved under one name
         store.save("main", src.latest(name).run)
     js = tmp_path / "pooled.json"
     code, out, err = _compare(capsys, "main", src.latest("slow").path, "--store", store.root,
-                              "--pool", "2", "--json", js)
+                              "--history", "2", "--json", js)
     assert code == 1, out + err
     tpot = next(v for v in json.loads(js.read_text())["tests"][0]["runs"][0]["verdicts"] if v["name"] == "tpot_p50")
-    assert (tpot["n_baseline"], tpot["n_candidate"]) == (4, 2)
-    code, _, err = _compare(capsys, "main", "aa", "--store", store.root, "--pool", "0")
-    assert code == 2 and "--pool" in err
+    assert (tpot["n_baseline"], tpot["n_candidate"], tpot["mode"]) == (2, 2, "sessions")
+    code, _, err = _compare(capsys, "main", "aa", "--store", store.root, "--history", "0")
+    assert code == 2 and "--history" in err
 
 
 def test_malformed_entries_exit_2(runs, capsys, tmp_path):

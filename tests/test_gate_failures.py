@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from pytest_llmperf.baseline.compare import _trial_stat, compare_entries
+from pytest_llmperf.baseline.compare import compare_entries, trial_stat
 from pytest_llmperf.baseline.gate import GateSession
 from pytest_llmperf.baseline.schema import GatedStat, gated_stats, trial_entry
 from pytest_llmperf.fingerprint import Fingerprint
@@ -155,7 +155,7 @@ def test_old_baseline_trials_are_recomputed_with_failures_from_samples():
     del trial["censored"]
     trial["stats"] = dict(trial["stats"], ttft_p95=0.1)  # what an older version stored
     g = GatedStat("ttft_p95", "ttft_s", "p95", False, "s")
-    assert _trial_stat(trial, g) == pytest.approx(censored, rel=1e-5)
+    assert trial_stat(trial, g) == pytest.approx(censored, rel=1e-5)
 
 
 # ---------------------------------------------------------------------- B: error rate

@@ -39,6 +39,7 @@ from pytest_llmperf.stats import (
     compare_sequences,
     compare_trials,
     decide,
+    effective_sample_size,
     estimate_run_cv,
     headline_from_counts,
     holm,
@@ -103,8 +104,8 @@ def compare_entries(
             comp = _compare_errors(g, baseline, candidate, tolerance=tolerance, alpha=alpha)
             out.comparisons.append(_bonferroni(comp, family_size))
             continue
-        b_vals = [_trial_stat(t, g) for t in base_trials]
-        c_vals = [_trial_stat(t, g) for t in cand_trials]
+        b_vals = [trial_stat(t, g) for t in base_trials]
+        c_vals = [trial_stat(t, g) for t in cand_trials]
         b_known = [v for v in b_vals if v is not None]
         c_known = [v for v in c_vals if v is not None]
         if len(b_vals) >= 2 and len(c_vals) >= 2 and len(b_known) == len(b_vals) and len(c_known) == len(c_vals):
@@ -145,6 +146,41 @@ def _invalid_reasons(entry: Mapping[str, Any], side: str) -> list[str]:
     return [f"{side}: {r}" for r in validity.get("reasons", [])] or [f"{side} marked invalid"]
 
 
+MIN_BEYOND_PER_TRIAL = 2
+
+
+def precision_floor(entry: Mapping[str, Any], g: GatedStat) -> str | None:
+    """Why a percentile cannot be judged from an entry's trials, or None when it can.
+
+    A trial's q-th percentile is informative only with some samples beyond it; counted on the
+    effective sample size (:func:`~pytest_llmperf.stats.effective_sample_size`, requests in one
+    run are autocorrelated), every trial needs ``n_eff · (1 − q) ≥`` :data:`MIN_BEYOND_PER_TRIAL`.
+    Below that the "p99" of each trial is its maximum: the gate says so instead of judging it."""
+    q = _PERCENTILE_Q.get(g.stat)
+    if q is None or g.metric is None:
+        return None
+    tail = 1.0 - q / 100.0
+    worst: tuple[float, int] | None = None
+    for trial in entry.get("trials") or []:
+        packed = (trial.get("samples") or {}).get(g.metric)
+        if packed is not None and g.request_type is None and g.metric != "itl_s":
+            series = unpack_samples(packed)
+            n, n_eff = series.size, effective_sample_size(series)
+        else:
+            summary = entry.get("summary") or {}
+            dist = summary.get(g.metric) or {}
+            n = int(dist.get("count") or 0) // max(1, len(entry.get("trials") or []))
+            n_eff = float(n)
+        if worst is None or n_eff < worst[0]:
+            worst = (n_eff, n)
+    if worst is None or worst[0] * tail >= MIN_BEYOND_PER_TRIAL:
+        return None
+    need = math.ceil(MIN_BEYOND_PER_TRIAL / tail)
+    unit = "inter-token gaps" if g.metric == "itl_s" else "requests"
+    return (f"{g.stat} cannot be judged: a trial of {worst[1]} {unit} is worth ~{worst[0]:.0f} independent ones, "
+            f"{need} needed for {MIN_BEYOND_PER_TRIAL} beyond the {g.stat}; run longer trials")
+
+
 def _tail_floor(comp: Comparison, g: GatedStat, baseline: Sequence[Mapping[str, Any]],
                 candidate: Mapping[str, Any]) -> Comparison:
     """A percentile needs about MIN_TAIL_SAMPLES samples beyond it (pooled over a side's trials):
@@ -179,7 +215,9 @@ def _tail_floor(comp: Comparison, g: GatedStat, baseline: Sequence[Mapping[str, 
 _PERCENTILE_Q = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0}
 
 
-def _trial_stat(trial: Mapping[str, Any], g: GatedStat) -> float | None:
+def trial_stat(trial: Mapping[str, Any], g: GatedStat) -> float | None:
+    """A trial's value of a gated statistic as the gate compares it (failures counted, goodput
+    continuity-corrected)."""
     value = trial["stats"].get(g.key)
     if g.kind == "latency":
         if not trial.get("censored") and g.request_type is None:

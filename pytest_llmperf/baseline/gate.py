@@ -22,15 +22,39 @@ the same family.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from pytest_llmperf.baseline.compare import RunComparison, compare_capacity, compare_entries, headline, session_holm
-from pytest_llmperf.baseline.schema import SavedEntry, entry_gated_stats, entry_slo, is_capacity
-from pytest_llmperf.stats import DEFAULT_ALPHA, DEFAULT_TOLERANCE, Comparison
+from pytest_llmperf.baseline.compare import (
+    RunComparison,
+    compare_capacity,
+    compare_entries,
+    headline,
+    precision_floor,
+    trial_stat,
+)
+from pytest_llmperf.baseline.history import change_points, session_value
+from pytest_llmperf.baseline.schema import GatedStat, SavedEntry, entry_gated_stats, entry_slo, is_capacity
+from pytest_llmperf.baseline.sessions import (
+    MIN_SESSIONS,
+    PRIOR_SESSION_CV,
+    SessionLogs,
+    SessionModel,
+    StatModel,
+    cv_of,
+    detectable_change,
+    estimate,
+    session_logs,
+    session_tests,
+    total_test,
+)
+from pytest_llmperf.formatting import fmt_pct
+from pytest_llmperf.stats import DEFAULT_ALPHA, DEFAULT_TOLERANCE, Comparison, Verdict, decide, holm
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
 
 @dataclass(frozen=True)
@@ -47,14 +71,82 @@ def node_of(key: str) -> str:
 
 
 @dataclass
+class _Tracked:
+    """A statistic judged by the session model: what the end-of-session tests need."""
+
+    run: int  # index into GateSession.runs
+    index: int  # index into that run's comparisons
+    name: tuple[str, str]  # (key, statistic)
+    sign: float  # +1 when higher values are worse, -1 when lower ones are
+    tolerance: float
+    logs: SessionLogs
+
+
+@dataclass
 class GateSession:
-    """Verdicts of one session against one baseline (see the module docstring)."""
+    """Verdicts of one session against one baseline (see the module docstring).
+
+    ``baseline`` maps each run key to its baseline entries, newest first; ``sessions``, when
+    given, are main's saved sessions (newest first) behind them, from which the two-level session
+    model (:mod:`pytest_llmperf.baseline.sessions`) is estimated: every log-scale statistic is
+    then judged against the spread of main's sessions instead of the trials of one session.
+    """
 
     baseline: Mapping[str, Sequence[SavedEntry]]
     settings: GateSettings = field(default_factory=GateSettings)
     family_size: int = 1
     runs: list[RunComparison] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
+    model: SessionModel | None = None
+    notes: dict[str, list[str]] = field(default_factory=dict)  # per key: sessions left out, and why
+    _tracked: list[_Tracked] = field(default_factory=list)
+
+    @classmethod
+    def from_sessions(cls, sessions: Sequence[Mapping[str, SavedEntry]], settings: GateSettings | None = None, *,
+                      session_ids: Sequence[str] | None = None, change_alpha: float = 0.01) -> GateSession:
+        """The gate against main's history: ``sessions`` are saved sessions' ``tests`` (newest
+        first). Per run key, only sessions measured on the newest one's setup are pooled (the
+        others are named in :attr:`notes`), and only since the last change point of any of its
+        statistics."""
+        ids = list(session_ids) if session_ids is not None else [f"session {i + 1}" for i in range(len(sessions))]
+        keys: list[str] = []
+        for tests in sessions:
+            keys.extend(k for k in tests if k not in keys)
+        baseline: dict[str, list[SavedEntry]] = {}
+        kept: dict[str, set[int]] = {}
+        notes: dict[str, list[str]] = {}
+        for key in keys:
+            indexed = [(i, tests[key]) for i, tests in enumerate(sessions) if key in tests]
+            newest_fp = indexed[0][1].get("fingerprint")
+            matching = [(i, e) for i, e in indexed if e.get("fingerprint") == newest_fp]
+            other = [ids[i] for i, e in indexed if e.get("fingerprint") != newest_fp]
+            if other:
+                notes.setdefault(key, []).append(
+                    f"{len(other)} session(s) measured on another setup left out: {', '.join(other[:5])}")
+            cut = _last_change(matching, alpha=change_alpha)
+            if cut:
+                notes.setdefault(key, []).append(
+                    f"{len(matching) - cut} session(s) before a change point in main's history left out")
+                matching = matching[:cut]
+            baseline[key] = [e for _, e in matching]
+            kept[key] = {i for i, _ in matching}
+        model_sessions: list[dict[tuple[str, str], SessionLogs]] = []
+        for i, tests in enumerate(sessions):
+            row: dict[tuple[str, str], SessionLogs] = {}
+            for key, entry in tests.items():
+                if i not in kept.get(key, set()) or is_capacity(entry) or not _valid(entry):
+                    continue
+                for g in entry_gated_stats(entry):
+                    if g.kind == "errors":
+                        continue
+                    logs = _logs(entry, g)
+                    if logs is not None:
+                        row[(key, g.key)] = logs
+            if row:
+                model_sessions.append(row)
+        gate = cls(baseline, settings or GateSettings(), notes=notes)
+        gate.model = estimate(model_sessions) if model_sessions else None
+        return gate
 
     def plan(self, in_session: Callable[[str], bool]) -> int:
         """Fix the family size from the baseline's runs whose test ``in_session(node id)``."""
@@ -84,19 +176,127 @@ class GateSession:
         else:
             run = compare_entries(key, base, candidate, tolerance=tolerance, alpha=s.alpha, allow=s.allow,
                                   family_size=self.family_size)
+            if self.model is not None:
+                self._session_mode(key, run, candidate, tolerance)
         self.runs.append(run)
         return run
 
+    def _session_mode(self, key: str, run: RunComparison, candidate: SavedEntry, tolerance: float) -> None:
+        """Replace each log-scale statistic's trial comparison with the session model's total test
+        (Bonferroni over the family with half of α; the other half is spent at :meth:`finish`)."""
+        assert self.model is not None
+        stats = {g.key: g for g in entry_gated_stats(candidate)}
+        notes = self.notes.get(key, [])
+        for i, comp in enumerate(run.comparisons):
+            g = stats.get(comp.name)
+            model = self.model.stats.get((key, comp.name))
+            if g is None or g.kind == "errors" or model is None:
+                continue
+            if comp.verdict is Verdict.NOT_GATED and comp.reason.startswith("invalid run"):
+                continue
+            logs = _logs(candidate, g)
+            if logs is None:
+                continue
+            floor = precision_floor(candidate, g) or precision_floor(self.baseline[key][0], g)
+            if floor is not None:
+                run.comparisons[i] = dataclasses.replace(comp, verdict=Verdict.NOT_GATED, reason=floor,
+                                                         mode="sessions")
+                continue
+            sign = -1.0 if g.higher_is_better else 1.0
+            run.comparisons[i] = self._total(comp, model, logs, sign, tolerance, notes)
+            self._tracked.append(_Tracked(len(self.runs), i, (key, comp.name), sign, tolerance, logs))
+
+    def _total(self, comp: Comparison, model: StatModel, logs: SessionLogs, sign: float, tolerance: float,
+               notes: Sequence[str]) -> Comparison:
+        alpha = self.settings.alpha
+        test = total_test(model, logs, sign)
+        lo, hi = test.interval(alpha)
+        theta = test.estimate * sign
+        ci = sorted((math.expm1(lo * sign), math.expm1(hi * sign)))
+        p_adj = min(1.0, test.p_value * 2 * self.family_size)
+        verdict, reason = decide(math.expm1(theta), ci[0], ci[1], p_adj, tolerance=tolerance, alpha=alpha,
+                                 higher_is_better=sign < 0)
+        detect = detectable_change(test.se, test.df, alpha=alpha / (2 * self.family_size), tolerance=tolerance)
+        if model.prior and verdict is Verdict.REGRESSED and lo <= math.log1p(tolerance):
+            verdict = Verdict.INCONCLUSIVE
+            reason = (f"history of {model.sessions} main session(s), {MIN_SESSIONS} needed to measure session "
+                      f"noise: with the {PRIOR_SESSION_CV:.0%} prior a change is confirmed only beyond "
+                      f"{fmt_pct(detect)}; save more sessions of the baseline")
+        method = (f"session model: {model.sessions} main session(s){' (prior)' if model.prior else ''}; "
+                  f"session CV {cv_of(model.tau_total):.1%}, beyond the session-wide shift "
+                  f"{cv_of(model.tau_specific):.1%}, trial CV {cv_of(math.sqrt(model.within_var)):.1%}; "
+                  f"smallest detectable change {fmt_pct(detect)}")
+        if notes:
+            method += "; " + "; ".join(notes)
+        return dataclasses.replace(
+            comp, baseline_value=math.exp(model.mean), candidate_value=math.exp(logs.mean),
+            change=math.expm1(theta), theta=theta, ci_low=ci[0], ci_high=ci[1], p_value=test.p_value,
+            p_adjusted=p_adj, mode="sessions", n_baseline=model.sessions, n_candidate=logs.trials,
+            verdict=verdict, reason=reason, method=method)
+
     def finish(self) -> list[Comparison]:
-        """Holm's correction over the session; returns the verdicts that fail only after it."""
+        """The end-of-session tests; returns the verdicts that fail only after them.
+
+        Statistics judged by the session model get the session-wide and specific tests (a
+        quarter of α each, see :mod:`.sessions`); the others (error-rate counts, quick mode, runs
+        without history) get Holm's correction over the session with the on-the-spot half of α.
+        """
         if not self.runs:
             return []
-        before = {id(c) for r in self.runs for c in r.regressions(self.settings.strict)}
-        final = session_holm(self.runs)
+        strict = self.settings.strict
+        before = {id(c) for r in self.runs for c in r.regressions(strict)}
+        tracked = {(t.run, t.index) for t in self._tracked}
+        others = [(ri, ci) for ri, r in enumerate(self.runs) for ci, c in enumerate(r.comparisons)
+                  if (ri, ci) not in tracked]
+        final = [dataclasses.replace(r, comparisons=list(r.comparisons)) for r in self.runs]
+        if others:
+            adjusted = holm([dataclasses.replace(self.runs[ri].comparisons[ci],
+                                                 p_adjusted=min(1.0, self.runs[ri].comparisons[ci].p_value * 2))
+                             for ri, ci in others])
+            for (ri, ci), comp in zip(others, adjusted):
+                final[ri].comparisons[ci] = comp
+        if self._tracked and self.model is not None:
+            self._session_wide(final)
         newly = [c for r_old, r in zip(self.runs, final) for c_old, c in zip(r_old.comparisons, r.comparisons)
-                 if c.verdict.fails(self.settings.strict) and id(c_old) not in before]
+                 if c.verdict.fails(strict) and id(c_old) not in before]
         self.runs = final
         return newly
+
+    def _session_wide(self, final: list[RunComparison]) -> None:
+        assert self.model is not None
+        alpha = self.settings.alpha
+        badness = {t.name: (t.logs.mean - self.model.stats[t.name].mean) * t.sign for t in self._tracked}
+        trials = {t.name: t.logs.trials for t in self._tracked}
+        glob, specific = session_tests(self.model, badness, trials)
+        flagged: dict[tuple[str, str], str] = {}
+        if glob.p_value * 4 < alpha:
+            for t in self._tracked:
+                if badness[t.name] > math.log1p(t.tolerance):
+                    flagged[t.name] = (f"the whole session moved by {fmt_pct(math.expm1(glob.estimate))} against "
+                                       f"main's sessions (session-wide test, p = {glob.p_value * 4:.3g})")
+        order = sorted(specific.items(), key=lambda kv: kv[1].p_value)
+        tol = {t.name: t.tolerance for t in self._tracked}
+        for rank, (name, test) in enumerate(order):
+            p_holm = test.p_value * 4 * (len(order) - rank)
+            if p_holm >= alpha:
+                break
+            if badness[name] > math.log1p(tol[name]):
+                flagged.setdefault(name, f"worse by {fmt_pct(math.expm1(test.estimate))} beyond the session's "
+                                         f"common shift (specific test, Holm p = {p_holm:.3g})")
+        for t in self._tracked:
+            why = flagged.get(t.name)
+            comp = final[t.run].comparisons[t.index]
+            if why is None or comp.verdict is Verdict.REGRESSED:
+                continue
+            model = self.model.stats[t.name]
+            # The interval's least-bad end, on the badness scale (positive is worse).
+            low_badness = math.log1p(comp.ci_low) if t.sign > 0 else -math.log1p(comp.ci_high)
+            if model.prior and low_badness <= math.log1p(t.tolerance):
+                final[t.run].comparisons[t.index] = dataclasses.replace(
+                    comp, verdict=Verdict.INCONCLUSIVE,
+                    reason=f"{why}; but main's history is too short to confirm it ({model.sessions} session(s))")
+                continue
+            final[t.run].comparisons[t.index] = dataclasses.replace(comp, verdict=Verdict.REGRESSED, reason=why)
 
     def failures(self) -> list[tuple[RunComparison, Comparison]]:
         return [(r, c) for r in self.runs for c in r.regressions(self.settings.strict)]
@@ -108,16 +308,36 @@ class GateSession:
         return {r.key: r for r in self.runs}
 
 
-def pool_history(runs: Iterable[Mapping[str, SavedEntry]]) -> dict[str, list[SavedEntry]]:
-    """Baseline entries by key from saved sessions' ``tests`` (newest first): each key's newest
-    entry, then older entries of the same key measured on the same setup (same fingerprint)."""
-    merged: dict[str, list[SavedEntry]] = {}
-    for tests in runs:
-        for key, entry in tests.items():
-            pooled = merged.setdefault(key, [])
-            if not pooled or entry.get("fingerprint") == pooled[0].get("fingerprint"):
-                pooled.append(entry)
-    return merged
+def _valid(entry: Mapping[str, Any]) -> bool:
+    validity = (entry.get("summary") or {}).get("validity") or {}
+    return bool(validity.get("valid", True))
 
 
-__all__ = ["GateSession", "GateSettings", "pool_history", "node_of"]
+def _logs(entry: Mapping[str, Any], g: GatedStat) -> SessionLogs | None:
+    """A session's trial values of one statistic on the log scale; None when any trial's value
+    is missing or not a positive finite number (then the trial comparison stands)."""
+    values = [trial_stat(t, g) for t in entry.get("trials") or []]
+    if not values or any(v is None or not (v > 0) or not math.isfinite(v) for v in values):
+        return None
+    return session_logs(values)
+
+
+def _last_change(matching: Sequence[tuple[int, SavedEntry]], *, alpha: float) -> int:
+    """How many of the newest sessions lie after the last change point of any statistic (all of
+    them when there is none)."""
+    if len(matching) < 4:
+        return 0
+    entries = [e for _, e in matching][::-1]  # oldest first
+    stats = [g for g in entry_gated_stats(entries[-1]) if g.kind != "errors"]
+    last = 0
+    for g in stats:
+        values = [session_value(e, g.key) for e in entries]
+        if any(v is None for v in values):
+            continue
+        points = change_points([v for v in values if v is not None], alpha=alpha)
+        if points:
+            last = max(last, points[-1])
+    return len(entries) - last if last else 0
+
+
+__all__ = ["GateSession", "GateSettings", "node_of"]

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_llmperf.baseline.compare import RunComparison, headline
 from pytest_llmperf.baseline.gate import GateSession, GateSettings, node_of
+from pytest_llmperf.baseline.history import load_history
 from pytest_llmperf.baseline.store import DEFAULT_ROOT, BaselineStore, StoreError, load_run
 from pytest_llmperf.errors import InputError, cli_flag, pytest_flag
 from pytest_llmperf.fingerprint import FingerprintError, FingerprintMismatch, valid_fields
@@ -50,13 +51,15 @@ class RunSource:
     path: Path
     entries: dict[str, SavedEntry]
     name: str | None = None  # the baseline name when read from the store
-    # Older saved runs of the same name pooled behind the newest (--pool), by key: as the plugin's
-    # --llmperf-pool, only entries measured on the same setup as the newest one.
-    history: dict[str, list[SavedEntry]] = field(default_factory=dict)
+    # The saved sessions behind a baseline name (newest first, ``entries`` first of them), from
+    # which the gate learns session noise, as the plugin's --llmperf-history does.
+    sessions: list[dict[str, SavedEntry]] = field(default_factory=list)
+    session_ids: list[str] = field(default_factory=list)
 
-    def baseline_entries(self, key: str) -> list[SavedEntry]:
-        """The entries to compare a candidate with: the newest first, then pooled history."""
-        return [self.entries[key], *self.history.get(key, [])]
+    def history(self) -> tuple[list[dict[str, SavedEntry]], list[str]]:
+        if self.sessions:
+            return self.sessions, self.session_ids
+        return [self.entries], [str(self.path)]
 
     @property
     def title(self) -> str:
@@ -71,6 +74,7 @@ class CompareResult:
     only_baseline: list[str] = field(default_factory=list)
     only_candidate: list[str] = field(default_factory=list)
     strict: bool = False
+    baseline_entries: dict[str, Sequence[SavedEntry]] = field(default_factory=dict)
 
     def failures(self) -> list[tuple[RunComparison, Comparison]]:
         return [(r, c) for r in self.runs for c in r.regressions(self.strict)]
@@ -91,9 +95,10 @@ class CompareResult:
 # ---------------------------------------------------------------------- loading
 
 
-def load_side(spec: str, store: BaselineStore, pool: int = 1) -> RunSource:
+def load_side(spec: str, store: BaselineStore, history: int = 1) -> RunSource:
     """Read a side given as a file path or as a baseline name (its newest saved run, plus up to
-    ``pool - 1`` older ones as history)."""
+    ``history - 1`` older ones as the sessions the gate learns session noise from; corrupt older
+    files are skipped with a warning naming them)."""
     path = Path(spec)
     if path.is_file() or spec.endswith(_FILE_SUFFIXES):
         if not path.is_file():
@@ -106,15 +111,15 @@ def load_side(spec: str, store: BaselineStore, pool: int = 1) -> RunSource:
     if path.is_dir():
         raise CompareError(f"{spec}: is a directory; give a baseline name or a saved run file (.json.gz or .json)")
     # Store errors (missing name, corrupt newest file, bad name) carry their own clear message.
-    runs = store.history(spec, limit=pool) if pool > 1 else [store.latest(spec)]
-    newest = runs[0]
+    newest = store.latest(spec)
     entries = entries_from_document(newest.run, newest.path)
-    history: dict[str, list[SavedEntry]] = {}
-    for older in runs[1:]:
-        for key, entry in entries_from_document(older.run, older.path).items():
-            if key in entries and entry.get("fingerprint") == entries[key].get("fingerprint"):
-                history.setdefault(key, []).append(entry)
-    return RunSource(spec, newest.path, entries, name=spec, history=history)
+    sessions, ids = [entries], [newest.run_id]
+    if history > 1:
+        for older in load_history(store, spec, limit=history).runs:
+            if older.run_id != newest.run_id:
+                sessions.append(entries_from_document(older.run, older.path))
+                ids.append(older.run_id)
+    return RunSource(spec, newest.path, entries, name=spec, sessions=sessions, session_ids=ids)
 
 
 def entries_from_document(doc: Any, path: Path) -> dict[str, SavedEntry]:
@@ -177,8 +182,9 @@ def compare_runs(
             f"nothing to compare: no test run is in both {baseline.title} ({len(baseline.entries)} runs) "
             f"and {candidate.title} ({len(candidate.entries)} runs)"
         )
-    gate = GateSession({k: baseline.baseline_entries(k) for k in baseline.entries},
-                       GateSettings(tolerance=tolerance, alpha=alpha, allow=tuple(allow), strict=strict))
+    sessions, ids = baseline.history()
+    gate = GateSession.from_sessions(sessions, GateSettings(tolerance=tolerance, alpha=alpha, allow=tuple(allow),
+                                                            strict=strict), session_ids=ids)
     tests = {node_of(k) for k in candidate.entries}
     try:
         gate.plan(lambda nodeid: nodeid in tests)
@@ -198,7 +204,7 @@ def compare_runs(
                 f"{key}: malformed run entry in {baseline.path} or {candidate.path}: {type(exc).__name__}: {exc}"
             ) from None
     gate.finish()
-    return CompareResult(gate.runs, only_base, only_cand, strict)
+    return CompareResult(gate.runs, only_base, only_cand, strict, baseline_entries=dict(gate.baseline))
 
 
 # ---------------------------------------------------------------------- rendering
@@ -296,7 +302,7 @@ def report_document(result: CompareResult, baseline: RunSource, candidate: RunSo
             outcomes[nodeid] = "failed" if failed else "passed"
     doc = build_document(
         candidate.entries,
-        baseline={k: baseline.baseline_entries(k) for k in comparisons},
+        baseline={k: list(result.baseline_entries.get(k, [])) for k in comparisons},
         comparisons=comparisons,
         gate_errors=gate_errors,
         outcomes=outcomes,
@@ -384,9 +390,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "a test's @slo(tolerance=...) wins, as in the plugin")
     p.add_argument("--alpha", type=_fraction, default=DEFAULT_ALPHA, metavar="F",
                    help="significance level (default 0.05)")
-    p.add_argument("--pool", type=_positive_int, default=1, metavar="N",
-                   help="pool the trials of the last N saved runs of a BASELINE name measured on the same "
-                        "setup, as --llmperf-pool does (default 1)")
+    p.add_argument("--history", type=_positive_int, default=10, metavar="N",
+                   help="learn session noise from the last N saved runs of a BASELINE name measured on the "
+                        "same setup, since the last change point, as --llmperf-history does (default 10)")
     p.add_argument(ALLOW_FLAG, dest="allow", type=_allow_list, default=[], metavar="A,B",
                    help="fingerprint fields allowed to differ (e.g. gpu_driver,engine_version)")
     p.add_argument("--strict", action="store_true",
@@ -407,7 +413,7 @@ def compare_main(argv: Sequence[str]) -> int:
         return int(exc.code or 0)
     try:
         store = BaselineStore(args.store, keep=None)
-        baseline = load_side(args.baseline, store, pool=args.pool)
+        baseline = load_side(args.baseline, store, history=args.history)
         candidate = load_side(args.candidate, store)
         result = compare_runs(baseline, candidate, tolerance=args.tolerance, alpha=args.alpha,
                               allow=args.allow, strict=args.strict)

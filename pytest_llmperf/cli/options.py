@@ -83,8 +83,9 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("save", "save this session's results as baseline NAME (e.g. main)"),
     OptionSpec("baseline", "compare against baseline NAME and fail on regressions"),
     OptionSpec("store", "baseline store directory", ".llmperf"),
-    OptionSpec("keep", "saved runs kept per baseline name", 10, _positive_int),
-    OptionSpec("pool", "pool the trials of the last N saved runs of the baseline (same fingerprint)", 1, _positive_int),
+    OptionSpec("keep", "saved runs kept per baseline name (default 20)", 20, _positive_int),
+    OptionSpec("history", "sessions of the baseline's history the gate learns session noise from: the last N "
+               "saved runs measured on the same setup, since the last change point (default 10)", 10, _positive_int),
     OptionSpec("tolerance", "relative change tolerated before a regression can fail (default 0.05)", 0.05, _fraction),
     OptionSpec("alpha", "significance level of the regression test (default 0.05)", 0.05, _fraction),
     OptionSpec("trials", "default number of trials per workload (a trial is a full run)", None, _positive_int),

@@ -6,13 +6,15 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_llmperf.baseline.gate import GateSession, GateSettings, pool_history
+from pytest_llmperf.baseline.gate import GateSession, GateSettings
+from pytest_llmperf.baseline.history import load_history
 from pytest_llmperf.baseline.schema import SavedEntry, session_document
-from pytest_llmperf.baseline.store import BaselineMissing, BaselineStore, StoreError, validate_name
+from pytest_llmperf.baseline.store import BaselineMissing, BaselineStore, StoreError, StoreWarning, validate_name
 from pytest_llmperf.cli.options import LLMPerfOptions, OptionError, api_key_from_env
 from pytest_llmperf.errors import pytest_flag
 from pytest_llmperf.fingerprint import FingerprintMismatch
@@ -58,6 +60,7 @@ class LLMPerfSession:
         self.capacities: list[tuple[str, CapacityResult]] = []
         self.store = BaselineStore(options.store, keep=options.keep) if (options.save or options.baseline) else None
         self.gate: GateSession | None = None  # set when a baseline was found
+        self.history_warnings: list[str] = []
         self.baseline_source: str | None = None
         self.entries: dict[str, SavedEntry] = {}
         self.late_regressions: list[str] = []
@@ -130,17 +133,23 @@ class LLMPerfSession:
         if not opts.baseline:
             return
         try:
-            runs = self.store.history(opts.baseline, limit=opts.pool)
+            newest = self.store.latest(opts.baseline)  # a corrupt newest file stops the session
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", StoreWarning)
+                history = load_history(self.store, opts.baseline, limit=opts.history)
         except BaselineMissing:
             return
         except StoreError as exc:
             raise pytest.UsageError(f"--llmperf-baseline {opts.baseline}: {exc.render(pytest_flag)}") from None
-        if not runs:
-            return
-        self.baseline_source = str(runs[0].path)
+        # Older history files that are corrupt are skipped, never silently: say which.
+        self.history_warnings = [str(w.message) for w in caught]
+        for message in self.history_warnings:
+            warnings.warn(message, StoreWarning, stacklevel=2)
+        self.baseline_source = str(newest.path)
         settings = GateSettings(tolerance=opts.tolerance, alpha=opts.alpha, allow=tuple(opts.allowed_diffs),
                                 strict=opts.strict)
-        self.gate = GateSession(pool_history(run.run.get("tests") or {} for run in runs), settings)
+        self.gate = GateSession.from_sessions([run.run.get("tests") or {} for run in history.runs], settings,
+                                              session_ids=[run.run_id for run in history.runs])
         self.gate.plan(lambda nodeid: nodeid in selected_tests)
 
     # ------------------------------------------------------------------ gating
