@@ -81,9 +81,10 @@ class LLMPerf:
         finally:
             printer.done()
         checks = []
+        types = [t.name for t in workload.mix]
         for slo in self.slos:
             try:
-                checks.extend(check(result.summary, slo))
+                checks.extend(check(result.summary, slo, workload_types=types))
             except SLOError as exc:
                 pytest.fail(f"llmperf: {exc}", pytrace=False)
         result.slo_checks = checks
