@@ -129,6 +129,18 @@ class _LoopLagMonitor:
         return float(arr.max()), float(np.percentile(arr, 99))
 
 
+def new_record(request: PreparedRequest, phase: str, scheduled_s: float) -> RequestRecord:
+    """The record of ``request``, scheduled at ``scheduled_s``, carrying what was asked for."""
+    return RequestRecord(
+        index=request.index, phase=phase, request_type=request.request_type,
+        scheduled_s=scheduled_s, sent_s=scheduled_s,
+        requested_output_tokens=request.max_tokens, output_length_fixed=request.output_length_fixed,
+        prompt_tokens_expected=request.prompt_tokens_expected,
+        session=request.session, turn=request.turn,
+        response_text=[] if request.keep_text else None,
+    )
+
+
 class LoadGenerator:
     """Runs one trial of a workload. ``make(index, phase)`` builds the request, ``send`` streams it.
 
@@ -205,8 +217,7 @@ class LoadGenerator:
 
     def _new_record(self, index: int, phase: str, scheduled_s: float) -> tuple[PreparedRequest, RequestRecord]:
         request = self.make(index, phase)
-        record = RequestRecord(index=index, phase=phase, request_type=request.request_type,
-                               scheduled_s=scheduled_s, sent_s=scheduled_s)
+        record = new_record(request, phase, scheduled_s)
         self._count(phase, scheduled_s)
         self.records.append(record)
         return request, record
@@ -251,8 +262,7 @@ class LoadGenerator:
                 # Build and encode ahead of the instant: only the send itself is on the clock.
                 request = self.make(index, phase)
                 payload = self.prepare(request) if self.prepare is not None else request
-                record = RequestRecord(index=index, phase=phase, request_type=request.request_type,
-                                       scheduled_s=scheduled, sent_s=scheduled)
+                record = new_record(request, phase, scheduled)
                 self._count(phase, scheduled)
                 await pacer.wait_until(scheduled + to_absolute)
                 self.records.append(record)

@@ -12,6 +12,12 @@ by a linear model fitted on the server itself:
 
 The counts the metrics use are always the server's ``usage``; the model above only aims the prompts.
 
+Exact lengths (``exact_prompts``): with ``/tokenize`` the prompts of a run are built ahead, a sample
+of them counted, and when any is off by even one token every prebuilt prompt is counted and its
+tail trimmed or extended (``Δwords = ⌈|count - target| / slope⌉``, repeated until the count is
+the target) before the load starts; each record then carries ``prompt_tokens_expected`` for the
+fidelity check in the metrics.
+
 Cache state: a *cold* prompt starts with a salt unique to the request and the run (so no block of it
 can hit a prefix cache, not even across trials); a *warm* prompt starts with one of
 ``num_prefixes`` shared prefixes that repeat across requests (and across trials of the same seed).
@@ -141,6 +147,7 @@ class PromptFactory:
         # logit_bias on EOS...); when given it replaces the default ignore_eos/min_tokens fields.
         self.length_fields = length_fields
         self._vocab = np.asarray(model.vocab, dtype=object)
+        self._ready: dict[int, PreparedRequest] = {}
         types = workload.request_types
         self._types = types
         weights = np.asarray([t.weight for t in types], dtype=float)
@@ -163,10 +170,25 @@ class PromptFactory:
             digits.append(self._vocab[d])
         return " ".join(digits)
 
+    def _cached(self, index: int, phase: str) -> PreparedRequest | None:
+        request = self._ready.pop(index, None) if self._ready else None
+        if request is not None:
+            request.phase = phase
+        return request
+
+    def prebuild(self, indices: range) -> list[PreparedRequest]:
+        """Build the requests of ``indices`` now and keep them for :meth:`make` (exact prompts)."""
+        for i in indices:
+            self._ready[i] = self.make(i)
+        return [self._ready[i] for i in indices]
+
     def sample_type(self, rng: np.random.Generator) -> RequestType:
         return self._types[int(np.searchsorted(self._cum_weights, rng.random(), side="right").clip(0, len(self._types) - 1))]
 
     def make(self, index: int, phase: str = PHASE_MEASURE) -> PreparedRequest:
+        cached = self._cached(index, phase)
+        if cached is not None:
+            return cached
         rng = np.random.default_rng([self.workload.seed, index])
         rtype = self.sample_type(rng)
         input_tokens = int(rtype.input_tokens.sample(rng, 1)[0])
@@ -204,4 +226,69 @@ class PromptFactory:
             min_tokens=output_tokens if ignore_eos else None,
             sampling=sampling,
             extra_body=extra_body,
+            output_length_fixed=self.workload.ignore_eos,
         )
+
+
+SAMPLE_CHECK = 8
+# Prompts built and counted ahead of a run at most (later ones follow the verified linear model).
+PREBUILD_MAX = 2048
+
+
+def planned_requests(workload: Workload) -> int:
+    """How many requests a run will probably send (for prebuilding exact prompts), capped."""
+    w = workload
+    if w.open_loop:
+        assert w.rate_rps is not None
+        span = (w.warmup_s or 0.0) + (w.duration_s if w.duration_s is not None else 0.0)
+        by_time = int(np.ceil(w.rate_rps * span * 1.3)) + 16 + w.warmup_requests
+        n = by_time if w.duration_s is not None else 1 << 30
+        if w.num_requests is not None:
+            n = min(n, w.num_requests + w.warmup_requests + int(np.ceil(w.rate_rps * w.warmup_s)) + 1)
+    else:
+        assert w.concurrency is not None
+        n = (w.num_requests + w.warmup_requests + w.concurrency) if w.num_requests is not None else 8 * w.concurrency
+    return min(n, PREBUILD_MAX)
+
+
+async def exact_prompts(requests: list[PreparedRequest], counter: TokenCounter, model: TokenModel,
+                        *, concurrency: int = 32) -> tuple[int, int]:
+    """Make each prompt exactly ``prompt_tokens_expected`` tokens as the server counts them.
+
+    Counts a sample of ``SAMPLE_CHECK`` prompts first; when all are exact the rest are trusted
+    (the word model is linear and the words are single tokens). Otherwise every prompt is
+    counted and its tail words trimmed or extended until it matches. Returns (prompts counted,
+    prompts corrected). Prompts are changed in place.
+    """
+    sem = asyncio.Semaphore(concurrency)
+    vocab = model.vocab
+
+    async def fix(request: PreparedRequest) -> tuple[int, bool]:
+        target = request.prompt_tokens_expected
+        if not target:
+            return 0, False
+        changed = False
+        async with sem:
+            for attempt in range(6):
+                n = await _count(counter, request.api, request.prompt)
+                if n is None or n == target:
+                    return 1, changed
+                words = request.prompt.split(" ")
+                delta = int(np.ceil(abs(n - target) / max(model.slope, 1e-6)))
+                if n > target:
+                    keep = max(1, len(words) - delta)
+                    request.prompt = " ".join(words[:keep])
+                else:
+                    rng = np.random.default_rng([request.index, attempt, 11])
+                    request.prompt += " " + " ".join(vocab[i] for i in rng.integers(0, len(vocab), size=delta))
+                changed = True
+        return 1, changed
+
+    head = await asyncio.gather(*(fix(r) for r in requests[:SAMPLE_CHECK]))
+    counted = sum(c for c, _ in head)
+    fixed = sum(1 for _, ch in head if ch)
+    if fixed:
+        rest = await asyncio.gather(*(fix(r) for r in requests[SAMPLE_CHECK:]))
+        counted += sum(c for c, _ in rest)
+        fixed += sum(1 for _, ch in rest if ch)
+    return counted, fixed

@@ -28,7 +28,9 @@ from pytest_llmperf.load.prompts import (
     TokenModel,
     calibrate_with_tokenizer,
     estimated_model,
+    exact_prompts,
     fit_from_usage,
+    planned_requests,
 )
 from pytest_llmperf.load.workers import ClientSpec, run_in_workers
 from pytest_llmperf.metrics import summarize
@@ -199,6 +201,10 @@ class Runner:
             expected[i] = request.prompt_tokens_expected
             return request
 
+        if token_model.source == "tokenize":
+            # Exact prompt lengths: count the prompts ahead of the load and fix any that are off.
+            async with self._client(time.perf_counter(), timeout_s=workload.timeout_s) as client:
+                await exact_prompts(factory.prebuild(range(planned_requests(workload))), client, token_model)
         await self._reset_cache()
         origin = time.perf_counter()
         started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
