@@ -159,6 +159,13 @@ class PromptFactory:
             " ".join(self._vocab[rng.integers(0, len(self._vocab), size=self._prefix_words)])
             for _ in range(workload.num_prefixes)
         ] if self._prefix_words else []
+        # cache_hit_target: one long shared word sequence; each prompt takes as much as it needs.
+        self._target_words: list[str] = []
+        if workload.cache_hit_target is not None:
+            longest = max(t.input_tokens.max or t.input_tokens.lower_bound * 8 if t.input_tokens.dist != "fixed"
+                          else t.input_tokens.value for t in types)
+            trng = np.random.default_rng([workload.seed, 13, self.nonce & 0xFFFFFFFF])
+            self._target_words = list(self._vocab[trng.integers(0, len(self._vocab), size=int(longest / model.slope) + 64)])
 
     def _salt(self, index: int) -> str:
         # Unique digits of (nonce, index) in base len(vocab): distinct requests never share a salt.
@@ -169,6 +176,30 @@ class PromptFactory:
             value, d = divmod(value, base)
             digits.append(self._vocab[d])
         return " ".join(digits)
+
+    def expected_hit_tokens(self, input_tokens: int) -> int:
+        """Prompt tokens a prefix cache of ``cache_block_tokens``-token blocks should serve for a
+        prompt of ``input_tokens`` under ``cache_hit_target`` (see :meth:`target_prefix_words`)."""
+        target = self.workload.cache_hit_target or 0.0
+        block = self.workload.cache_block_tokens
+        k = min(int(round(target * input_tokens / block)), max(0, (input_tokens - SALT_WORDS - 1) // block))
+        return k * block
+
+    def target_prefix_words(self, input_tokens: int) -> int:
+        """Shared words that make a prompt hit ``cache_hit_target`` of its tokens.
+
+        A cache serves whole blocks of B tokens of the shared part S = template overhead +
+        words · slope (the salt after the shared words ends it). Aiming S at the middle of block k,
+        ``S = k·B + B/2`` with ``k = round(target · T / B)``, gives ``hits = k·B`` whatever small
+        slack the template or tokenizer adds, so the expected hit rate of a prompt of T tokens is
+        ``k·B / T``, within ``B / 2T`` of the target (3 points at T = 256, B = 16).
+        """
+        hit = self.expected_hit_tokens(input_tokens)
+        if hit == 0:
+            return 0
+        block = self.workload.cache_block_tokens
+        shared_tokens = hit + block // 2
+        return max(0, int(round((shared_tokens - self.model.overhead) / self.model.slope)))
 
     def _cached(self, index: int, phase: str) -> PreparedRequest | None:
         request = self._ready.pop(index, None) if self._ready else None
@@ -196,7 +227,14 @@ class PromptFactory:
         words_total = self.model.words_for(input_tokens)
         parts = []
         used = 0
-        if self.workload.cache == "cold":
+        if self.workload.cache_hit_target is not None:
+            shared = self.target_prefix_words(input_tokens)
+            if shared:
+                parts.append(" ".join(self._target_words[:shared]))
+                used += shared
+            parts.append(self._salt(index))
+            used += SALT_WORDS
+        elif self.workload.cache == "cold":
             parts.append(self._salt(index))
             used += SALT_WORDS
         elif self._prefixes:
@@ -204,6 +242,12 @@ class PromptFactory:
             used += self._prefix_words
         body_words = max(1, words_total - used)
         parts.append(" ".join(self._vocab[rng.integers(0, len(self._vocab), size=body_words)]))
+        return self.finish(index, phase, " ".join(parts), input_tokens, output_tokens, rtype.name)
+
+    def finish(self, index: int, phase: str, prompt: str, input_tokens: int | None, output_tokens: int,
+               request_type: str = "default", history: list[dict[str, str]] | None = None,
+               keep_text: bool = False, session: int | None = None, turn: int | None = None) -> PreparedRequest:
+        """A request from its parts, with the workload's sampling and output-length fields."""
         sampling = dict(self.workload.sampling)
         if "seed" not in sampling and self.workload.sampling.get("temperature", 0) not in (0, None):
             sampling["seed"] = int(self.workload.seed * 1_000_003 + index) % (2**31)
@@ -216,10 +260,10 @@ class PromptFactory:
             ignore_eos = False
         return PreparedRequest(
             index=index,
-            prompt=" ".join(parts),
+            prompt=prompt,
             max_tokens=output_tokens,
             api=self.workload.api,
-            request_type=rtype.name,
+            request_type=request_type,
             phase=phase,
             prompt_tokens_expected=input_tokens,
             ignore_eos=ignore_eos,
@@ -227,6 +271,10 @@ class PromptFactory:
             sampling=sampling,
             extra_body=extra_body,
             output_length_fixed=self.workload.ignore_eos,
+            history=history,
+            keep_text=keep_text,
+            session=session,
+            turn=turn,
         )
 
 
