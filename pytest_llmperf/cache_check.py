@@ -9,6 +9,8 @@ Two more expectations use the same evidence:
 
 - ``cache_hit_target`` (:func:`verify_hit_rate`): the measured rate hits / queries must be within
   ``HIT_TARGET_TOLERANCE`` (5 points) of the target, else the run fails saying what was measured.
+  Per-request ``cached_tokens`` come first here: they cover the measured requests only, while
+  the counters include the warm-up, whose first prompt cannot hit.
 - conversations (:func:`verify_conversation`): every turn after the first resends its history,
   so the expected hits are Σ over turns t >= 2 of ⌊(prompt_{t-1} + output_{t-1}) / B⌋·B (B the
   cache block) out of Σ prompt tokens; the measured rate must reach ``CONVERSATION_MIN_SHARE`` of
@@ -50,15 +52,20 @@ HIT_TARGET_TOLERANCE = 0.05
 CONVERSATION_MIN_SHARE = 0.7
 
 
-def _measured_rate(telemetry: Sequence[dict[str, Any] | None],
-                   records: Sequence[RequestRecord]) -> tuple[float, float, str] | None:
-    """(hits, queries, source): server counters first, then the records' cached_tokens."""
+def _measured_rate(telemetry: Sequence[dict[str, Any] | None], records: Sequence[RequestRecord],
+                   *, prefer_records: bool = False) -> tuple[float, float, str] | None:
+    """(hits, queries, source): server counters first, then the records' cached_tokens
+    (``prefer_records``: the other way round, since the records cover the measured phase only
+    while counters include the warm-up, whose first prompts necessarily miss)."""
+    measured = [r for r in records if r.ok and r.phase == PHASE_MEASURE]
+    if prefer_records and measured and all(r.cached_tokens is not None for r in measured):
+        return (float(sum(r.cached_tokens or 0 for r in measured)),
+                float(sum(r.prompt_tokens or 0 for r in measured)), "usage.cached_tokens")
     if telemetry and all(t and t.get("available") and "prefix_cache_hits" in (t.get("deltas") or {}) for t in telemetry):
         deltas = [(t or {}).get("deltas") or {} for t in telemetry]
         hits = float(sum(float(d.get("prefix_cache_hits", 0.0)) for d in deltas))
         queries = float(sum(float(d.get("prefix_cache_queries", 0.0)) for d in deltas))
         return hits, queries, "server metrics"
-    measured = [r for r in records if r.ok and r.phase == PHASE_MEASURE]
     if not measured or all(r.cached_tokens is None for r in measured):
         return None
     return (float(sum(r.cached_tokens or 0 for r in measured)),
@@ -69,7 +76,7 @@ def verify_hit_rate(target: float, telemetry: Sequence[dict[str, Any] | None],
                     records: Sequence[RequestRecord]) -> CacheCheck:
     """Is the measured prefix-cache hit rate within 5 points of ``target``?"""
     label = f"hit rate {target:.0%}"
-    found = _measured_rate(telemetry, records)
+    found = _measured_rate(telemetry, records, prefer_records=True)
     if found is None:
         return CacheCheck(label, None, "unavailable", message=f"cache_hit_target {target:.0%} unverified: the server "
                           "exposes no prefix-cache counters and reports no cached_tokens")

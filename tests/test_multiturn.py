@@ -54,7 +54,7 @@ def test_a_cache_hit_target_of_half_is_met_and_verified(sim):
                  num_requests=60, warmup_requests=4, cache_hit_target=0.5, seed=9)
     result = runner(sim).run(w)
     check = result.cache_check
-    assert check.held is True and check.source == "server metrics", check
+    assert check.held is True and check.source == "usage.cached_tokens", check
     assert abs(check.hit_tokens / check.query_tokens - 0.5) <= 0.05
 
 
