@@ -4,6 +4,17 @@ A ``cold`` run must see no prefix-cache hits, a ``warm`` run must see them; othe
 comparison silently measures the wrong thing. Evidence, best first: the server's prefix-cache
 counters (the telemetry delta over the trial, normalised across engines), then the per-request
 ``usage.prompt_tokens_details.cached_tokens``. Neither available: the state is "unverified".
+
+Two more expectations use the same evidence:
+
+- ``cache_hit_target`` (:func:`verify_hit_rate`): the measured rate hits / queries must be within
+  ``HIT_TARGET_TOLERANCE`` (5 points) of the target, else the run fails saying what was measured.
+  Per-request ``cached_tokens`` come first here: they cover the measured requests only, while
+  the counters include the warm-up, whose first prompt cannot hit.
+- conversations (:func:`verify_conversation`): every turn after the first resends its history,
+  so the expected hits are Σ over turns t >= 2 of ⌊(prompt_{t-1} + output_{t-1}) / B⌋·B (B the
+  cache block) out of Σ prompt tokens; the measured rate must reach ``CONVERSATION_MIN_SHARE`` of
+  that. With per-request ``cached_tokens`` the check is also made per turn.
 """
 
 from __future__ import annotations
@@ -35,6 +46,90 @@ class CacheCheck:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+HIT_TARGET_TOLERANCE = 0.05
+CONVERSATION_MIN_SHARE = 0.7
+
+
+def _measured_rate(telemetry: Sequence[dict[str, Any] | None], records: Sequence[RequestRecord],
+                   *, prefer_records: bool = False) -> tuple[float, float, str] | None:
+    """(hits, queries, source): server counters first, then the records' cached_tokens
+    (``prefer_records``: the other way round, since the records cover the measured phase only
+    while counters include the warm-up, whose first prompts necessarily miss)."""
+    measured = [r for r in records if r.ok and r.phase == PHASE_MEASURE]
+    if prefer_records and measured and all(r.cached_tokens is not None for r in measured):
+        return (float(sum(r.cached_tokens or 0 for r in measured)),
+                float(sum(r.prompt_tokens or 0 for r in measured)), "usage.cached_tokens")
+    if telemetry and all(t and t.get("available") and "prefix_cache_hits" in (t.get("deltas") or {}) for t in telemetry):
+        deltas = [(t or {}).get("deltas") or {} for t in telemetry]
+        hits = float(sum(float(d.get("prefix_cache_hits", 0.0)) for d in deltas))
+        queries = float(sum(float(d.get("prefix_cache_queries", 0.0)) for d in deltas))
+        return hits, queries, "server metrics"
+    if not measured or all(r.cached_tokens is None for r in measured):
+        return None
+    return (float(sum(r.cached_tokens or 0 for r in measured)),
+            float(sum(r.prompt_tokens or 0 for r in measured)), "usage.cached_tokens")
+
+
+def verify_hit_rate(target: float, telemetry: Sequence[dict[str, Any] | None],
+                    records: Sequence[RequestRecord]) -> CacheCheck:
+    """Is the measured prefix-cache hit rate within 5 points of ``target``?"""
+    label = f"hit rate {target:.0%}"
+    found = _measured_rate(telemetry, records, prefer_records=True)
+    if found is None:
+        return CacheCheck(label, None, "unavailable", message=f"cache_hit_target {target:.0%} unverified: the server "
+                          "exposes no prefix-cache counters and reports no cached_tokens")
+    hits, queries, source = found
+    rate = hits / queries if queries else 0.0
+    held = abs(rate - target) <= HIT_TARGET_TOLERANCE
+    message = "" if held else (
+        f"cache_hit_target {target:.0%} missed: measured {rate:.1%} ({hits:.0f} of {queries:.0f} prompt tokens "
+        f"cached, {source}), more than {HIT_TARGET_TOLERANCE * 100:.0f} points away")
+    return CacheCheck(label, held, source, hits, queries, message)
+
+
+def expected_conversation_hits(records: Sequence[RequestRecord], block_tokens: int) -> tuple[float, float]:
+    """(expected hit tokens, prompt tokens) over measured successful turns (see module docstring)."""
+    by_session: dict[int, dict[int, RequestRecord]] = {}
+    for r in records:
+        if r.session is not None and r.turn is not None:
+            by_session.setdefault(r.session, {})[r.turn] = r
+    expected = total = 0.0
+    for turns in by_session.values():
+        for t, r in turns.items():
+            if not r.ok or r.phase != PHASE_MEASURE or not r.prompt_tokens:
+                continue
+            total += r.prompt_tokens
+            prev = turns.get(t - 1)
+            if prev is not None and prev.ok and prev.prompt_tokens and prev.output_tokens:
+                resent = min(prev.prompt_tokens + prev.output_tokens, r.prompt_tokens - 1)
+                expected += (resent // block_tokens) * block_tokens
+    return expected, total
+
+
+def verify_conversation(telemetry: Sequence[dict[str, Any] | None], records: Sequence[RequestRecord],
+                        block_tokens: int) -> CacheCheck:
+    """Did follow-up turns hit the prefix cache on their history?"""
+    expected, total = expected_conversation_hits(records, block_tokens)
+    want = expected / total if total else 0.0
+    found = _measured_rate(telemetry, records)
+    if found is None:
+        return CacheCheck("conversation", None, "unavailable", message="conversation cache hits unverified: the "
+                          "server exposes no prefix-cache counters and reports no cached_tokens")
+    hits, queries, source = found
+    rate = hits / queries if queries else 0.0
+    held = rate >= CONVERSATION_MIN_SHARE * want
+    message = "" if held else (
+        f"follow-up turns barely hit the prefix cache: measured {rate:.1%} of prompt tokens cached ({source}), "
+        f"expected about {want:.1%} from resent history; does the server cache generated tokens' blocks?")
+    later = [r for r in records if r.ok and r.phase == PHASE_MEASURE and (r.turn or 0) >= 1]
+    if held and later and all(r.cached_tokens is not None for r in later):
+        missed = sum(1 for r in later if not r.cached_tokens)
+        if missed > 0.1 * len(later):
+            held = False
+            message = f"{missed} of {len(later)} follow-up turns got no cached token (usage.cached_tokens)"
+    return CacheCheck("conversation", held, source, hits, queries, message)
 
 
 def verify(expected: str, telemetry: Sequence[dict[str, Any] | None], records: Sequence[RequestRecord],

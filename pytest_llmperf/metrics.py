@@ -45,6 +45,12 @@ LOOP_LAG_P99_MAX_S = 0.025
 LITTLES_RATIO_BOUNDS = (0.8, 1.25)
 # Below this many completions the ratio's boundary terms dominate and it would flag healthy runs.
 LITTLES_MIN_COMPLETED = 20
+# Length fidelity: a run where more than this share of answers came back shorter (when the length
+# was fixed) or longer than requested did not send the traffic it claims: invalid.
+OUTPUT_LENGTH_MISMATCH_MAX_SHARE = 0.01
+# A mean prompt-length error above this is shown as a warning (the token counts the metrics use
+# are the server's own, so the run stays valid; its traffic is just not exactly what was asked).
+PROMPT_LENGTH_ERROR_WARN = 0.01
 
 
 def _opt_float(value: Any) -> float | None:
@@ -142,6 +148,12 @@ class Validity:
       generator; invalid when > 50 ms (timestamps were taken late).
     - ``littles_law_ratio``: see :func:`littles_law_ratio`; invalid outside [0.8, 1.25] once at
       least 20 requests completed.
+    - ``output_short`` / ``output_long``: successful requests whose ``usage.completion_tokens``
+      fell short of a fixed requested length / exceeded ``max_tokens`` (see
+      :func:`output_length_mismatches`); invalid when together they are more than 1% of the
+      requests checked.
+    - ``prompt_length_error``: mean |server prompt_tokens - requested| / requested over measured
+      requests (:func:`prompt_length_error`); above 1% it is a warning.
     - ``warnings``: patterns worth a look that do not make the run invalid (the latencies are
       what a client of that server sees), e.g. :func:`delayed_ack_stall_warning`.
     """
@@ -153,6 +165,9 @@ class Validity:
     valid: bool = True
     reasons: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    output_short: int = 0
+    output_long: int = 0
+    prompt_length_error: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -162,8 +177,9 @@ class Validity:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Validity:
-        if isinstance(data, Mapping) and "warnings" not in data:
-            data = {**data, "warnings": []}  # written before warnings existed
+        if isinstance(data, Mapping):
+            # Fields added later default for files written before they existed.
+            data = {"warnings": [], "output_short": 0, "output_long": 0, "prompt_length_error": None, **data}
         raw = _picked(cls, data, "Validity")
         return cls(
             dispatch_lag_p50_s=_opt_float(raw["dispatch_lag_p50_s"]),
@@ -173,6 +189,9 @@ class Validity:
             valid=bool(raw["valid"]),
             reasons=[str(r) for r in raw["reasons"]],
             warnings=[str(w) for w in raw["warnings"] or []],
+            output_short=int(raw["output_short"]),
+            output_long=int(raw["output_long"]),
+            prompt_length_error=_opt_float(raw["prompt_length_error"]),
         )
 
 
@@ -525,6 +544,35 @@ def delayed_ack_stall_warning(records: Sequence[RequestRecord]) -> str | None:
     )
 
 
+def output_length_mismatches(records: Sequence[RequestRecord]) -> tuple[int, int, int]:
+    """(checked, short, long) over successful requests with a requested length and usage counts.
+
+    - short: ``output_length_fixed`` and ``output_tokens < requested_output_tokens`` (the server
+      ignored ignore_eos/min_tokens and stopped early);
+    - long: ``output_tokens > requested_output_tokens`` (the server ignored max_tokens).
+
+    Client-counted records (``token_source="counted"``) are skipped: their counts are estimates.
+    """
+    checked = short = long_ = 0
+    for r in records:
+        if not r.ok or r.requested_output_tokens is None or r.output_tokens is None or r.token_source != "usage":
+            continue
+        checked += 1
+        if r.output_tokens > r.requested_output_tokens:
+            long_ += 1
+        elif r.output_length_fixed and r.output_tokens < r.requested_output_tokens:
+            short += 1
+    return checked, short, long_
+
+
+def prompt_length_error(records: Sequence[RequestRecord]) -> float | None:
+    """Mean of ``|prompt_tokens - prompt_tokens_expected| / prompt_tokens_expected`` over
+    successful requests that have both; None when none has."""
+    errs = [abs(r.prompt_tokens - r.prompt_tokens_expected) / r.prompt_tokens_expected
+            for r in records if r.ok and r.prompt_tokens and r.prompt_tokens_expected]
+    return float(np.mean(errs)) if errs else None
+
+
 def _validity(
     measured: Sequence[RequestRecord],
     completed: int,
@@ -556,7 +604,27 @@ def _validity(
             f"Little's-law ratio {ratio:.2f} outside [{low}, {high}]: mean in-flight does not match "
             "departure rate x mean latency (not in steady state, or requests hung)"
         )
+    checked, short, long_ = output_length_mismatches(measured)
+    if checked and (short + long_) > OUTPUT_LENGTH_MISMATCH_MAX_SHARE * checked:
+        why = []
+        if short:
+            why.append(f"{short} came back short of the fixed length requested (the server stopped at EOS: "
+                       "does it honour ignore_eos / min_tokens?)")
+        if long_:
+            why.append(f"{long_} came back longer than max_tokens (the server ignored max_tokens)")
+        reasons.append(
+            f"output length: {short + long_} of {checked} requests ({(short + long_) / checked:.1%}) "
+            f"did not return the completion length requested: {'; '.join(why)}"
+        )
     warnings: list[str] = []
+    prompt_err = prompt_length_error(measured)
+    if prompt_err is not None and prompt_err > PROMPT_LENGTH_ERROR_WARN:
+        off = sum(1 for r in measured if r.ok and r.prompt_tokens and r.prompt_tokens_expected
+                  and r.prompt_tokens != r.prompt_tokens_expected)
+        warnings.append(
+            f"prompt length: the server counted {prompt_err:.1%} more or fewer prompt tokens than requested "
+            f"on average ({off} prompts off); the prompt builder's token model does not fit this server"
+        )
     stall = delayed_ack_stall_warning(measured)
     if stall is not None:
         warnings.append(stall)
@@ -568,6 +636,9 @@ def _validity(
         valid=not reasons,
         reasons=reasons,
         warnings=warnings,
+        output_short=short,
+        output_long=long_,
+        prompt_length_error=prompt_err,
     )
 
 

@@ -56,6 +56,17 @@ class RequestRecord:
     status_code: int | None = None
     # Server-side timestamps stamped into chunks (simulator only; used to measure client error).
     server_chunk_times_s: list[float] | None = None
+    # Length fidelity: what was asked for, next to the server's ``prompt_tokens``/``output_tokens``.
+    # ``requested_output_tokens`` is max_tokens; ``output_length_fixed`` says the answer was meant
+    # to be exactly that long (ignore_eos / min_tokens), so a short answer is a fidelity failure.
+    requested_output_tokens: int | None = None
+    output_length_fixed: bool = False
+    prompt_tokens_expected: int | None = None
+    # Multi-turn runs: the conversation and turn this request belongs to (None elsewhere), and the
+    # answer's visible text when the next turn needs it (``PreparedRequest.keep_text``).
+    session: int | None = None
+    turn: int | None = None
+    response_text: list[str] | None = None
 
     @property
     def dispatch_lag_s(self) -> float:
@@ -120,3 +131,11 @@ class PreparedRequest:
     min_tokens: int | None = None
     sampling: dict[str, Any] = field(default_factory=dict)
     extra_body: dict[str, Any] = field(default_factory=dict)
+    # The answer must be exactly ``max_tokens`` long (ignore_eos / min_tokens were asked for).
+    output_length_fixed: bool = False
+    # Chat history before ``prompt`` (multi-turn): earlier user turns and the server's answers.
+    history: list[dict[str, str]] | None = None
+    # Keep the answer's text in the record (the next turn of a conversation sends it back).
+    keep_text: bool = False
+    session: int | None = None
+    turn: int | None = None

@@ -18,6 +18,9 @@ from typing import Any
 import numpy as np
 
 from pytest_llmperf.errors import InputError
+from pytest_llmperf.traffic.conversations import ConversationSpec
+from pytest_llmperf.traffic.datasets import DatasetSpec
+from pytest_llmperf.traffic.traces import TraceSpec
 
 ARRIVALS = ("poisson", "gamma", "constant")
 CACHE_STATES = ("cold", "warm")
@@ -219,6 +222,13 @@ class Workload:
     timeout_s: float = 300.0
     drain_s: float | None = None
     name: str | None = None
+    trace: Any = None
+    dataset: Any = None
+    conversation: Any = None
+    cache_hit_target: float | None = None
+    cache_block_tokens: int = 16
+    ramp_s: float = 0.0
+    max_concurrency: int | None = None
     rate: InitVar[float | None] = None
     duration: InitVar[float | None] = None
 
@@ -240,9 +250,25 @@ class Workload:
         )
         set_("mix", mix)
         set_("sampling", dict(self.sampling or {}))
+        for key, spec_cls in (("trace", TraceSpec), ("dataset", DatasetSpec), ("conversation", ConversationSpec)):
+            value = getattr(self, key)
+            if value is not None:
+                try:
+                    set_(key, spec_cls.parse(value))
+                except InputError as exc:
+                    raise WorkloadError(str(exc)) from None
         self._validate()
 
     def _validate(self) -> None:
+        if self.trace is not None:
+            if self.rate_rps is not None or self.concurrency is not None:
+                raise WorkloadError("trace: a replayed trace sets its own arrival times; drop rate_rps/concurrency "
+                                    "(trace.speedup scales them)")
+            others = [k for k in ("dataset", "conversation", "cache_hit_target") if getattr(self, k) is not None]
+            if others or self.mix:
+                raise WorkloadError(f"trace: cannot be combined with {(others or ['mix'])[0]}")
+            self._validate_common()
+            return
         if self.rate_rps is None and self.concurrency is None:
             raise WorkloadError("give rate_rps (open loop) or concurrency (closed loop)")
         if self.rate_rps is not None and self.concurrency is not None:
@@ -255,6 +281,31 @@ class Workload:
             raise WorkloadError(f"concurrency must be a positive integer, got {self.concurrency!r}")
         if self.duration_s is None and self.num_requests is None:
             raise WorkloadError("bound the run by duration_s and/or num_requests")
+        if self.dataset is not None and self.mix:
+            raise WorkloadError("dataset: the dataset's rows are the request mix; drop 'mix'")
+        if self.conversation is not None and (self.dataset is not None or self.mix):
+            raise WorkloadError("conversation: cannot be combined with dataset or mix")
+        if self.cache_hit_target is not None:
+            if not (_is_number(self.cache_hit_target) and 0 <= self.cache_hit_target < 1):
+                raise WorkloadError(f"cache_hit_target must be a fraction in [0, 1), got {self.cache_hit_target!r}")
+            if self.dataset is not None or self.conversation is not None or self.prefix_tokens is not None:
+                raise WorkloadError("cache_hit_target builds its own shared prefixes: drop dataset, conversation "
+                                    "and prefix_tokens")
+        if self.max_concurrency is not None:
+            if self.rate_rps is None:
+                raise WorkloadError("max_concurrency caps an open-loop rate: give rate_rps (or use concurrency)")
+            if not (isinstance(self.max_concurrency, int) and not isinstance(self.max_concurrency, bool)
+                    and self.max_concurrency > 0):
+                raise WorkloadError(f"max_concurrency must be a positive integer, got {self.max_concurrency!r}")
+        if not (_is_number(self.ramp_s) and self.ramp_s >= 0):
+            raise WorkloadError(f"ramp_s must not be negative, got {self.ramp_s!r}")
+        if self.ramp_s and self.rate_rps is None:
+            raise WorkloadError("ramp_s ramps an open-loop rate: give rate_rps")
+        self._validate_common()
+
+    def _validate_common(self) -> None:
+        if not (isinstance(self.cache_block_tokens, int) and self.cache_block_tokens >= 1):
+            raise WorkloadError(f"cache_block_tokens must be a positive integer, got {self.cache_block_tokens!r}")
         if self.duration_s is not None and not (_is_number(self.duration_s) and self.duration_s > 0):
             raise WorkloadError(f"duration_s must be a positive number, got {self.duration_s!r}")
         if self.num_requests is not None and not (
@@ -296,13 +347,15 @@ class Workload:
 
     @property
     def open_loop(self) -> bool:
-        return self.rate_rps is not None
+        return self.rate_rps is not None or self.trace is not None
 
     @property
     def shared_prefix_tokens(self) -> int:
         """Length of the shared prefix actually used (0 for cold runs: the salt defeats it anyway)."""
         if self.prefix_tokens is not None:
             return self.prefix_tokens
+        if self.cache_hit_target is not None:
+            return 0  # the factory aims each prompt's shared part at the target (cache_target_prefix)
         if self.cache == "cold":
             return 0
         shortest = min([self.input_tokens.lower_bound] + [m.input_tokens.lower_bound for m in self.mix])
@@ -324,16 +377,29 @@ class Workload:
         return dataclasses.replace(self, **changes)
 
     def label(self) -> str:
-        load = f"{self.rate_rps:g} rps {self.arrival}" if self.open_loop else f"conc {self.concurrency}"
+        if self.trace is not None:
+            window = f" {self.trace.window[0]:g}-{self.trace.window[1]:g}s" if self.trace.window else ""
+            return (f"{self.name + ' ' if self.name else ''}trace {Path(self.trace.path).name}{window} "
+                    f"x{self.trace.speedup:g}").strip()
+        load = f"{self.rate_rps:g} rps {self.arrival}" if self.rate_rps is not None else f"conc {self.concurrency}"
+        if self.max_concurrency is not None:
+            load += f" max {self.max_concurrency}"
+        if self.ramp_s:
+            load += f" ramp {self.ramp_s:g}s"
         types = "+".join(m.name for m in self.mix) if self.mix else (
             f"{_spec_label(self.input_tokens)}/{_spec_label(self.output_tokens)}"
         )
+        if self.dataset is not None:
+            types = f"dataset {Path(self.dataset.path).name}"
+        if self.conversation is not None:
+            types += f" {self.conversation.label()}"
         bound = []
         if self.duration_s is not None:
             bound.append(f"{self.duration_s:g}s")
         if self.num_requests is not None:
             bound.append(f"{self.num_requests} req")
-        return f"{self.name + ' ' if self.name else ''}{types} {load} {' '.join(bound)} {self.cache}".strip()
+        cache = self.cache if self.cache_hit_target is None else f"hit {self.cache_hit_target:.0%}"
+        return f"{self.name + ' ' if self.name else ''}{types} {load} {' '.join(bound)} {cache}".strip()
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -349,6 +415,8 @@ class Workload:
                 ]
             elif f.name == "sampling":
                 value = dict(value)
+            elif value is not None and f.name in ("trace", "dataset", "conversation"):
+                value = value.to_spec()
             out[f.name] = value
         return out
 

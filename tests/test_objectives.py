@@ -211,3 +211,20 @@ def test_check_with_request_type_reads_that_types_summary():
     assert check(single, SLO.parse({"ttft_p95": 0.5, "request_type": "chat"}))[0].passed
     with pytest.raises(SLOError, match="request_type 'rag' is not in the workload"):
         check(single, SLO.parse({"ttft_p95": 0.5, "request_type": "rag"}))
+
+
+def test_a_request_type_of_the_workload_that_drew_no_request_is_not_measured():
+    # A 10%-weight type can draw nothing in a short run: its SLO reads "not measured", not an error.
+    records = _run([0.1] * 10, rtype="chat") + [
+        rec(200 + i, scheduled=float(i), rtype="rag") for i in range(10)]
+    summary = summarize(records)
+    slo = SLO.parse({"e2e_p95": 8.0, "error_rate": 0.01, "request_type": "summarize"})
+    checks = check(summary, slo, workload_types=["chat", "rag", "summarize"])
+    assert [c.key for c in checks] == ["e2e_p95", "error_rate"]
+    assert all(c.passed and c.not_measured and c.measured is None for c in checks)
+    assert checks[0].message == ("e2e_p95[summarize]: not measured: no 'summarize' request was drawn "
+                                 "in this run (20 measured requests of other types)")
+    assert checks[1].to_dict()["not_measured"] is True and checks[1].unit == "fraction"
+    # Not in the workload at all: still a typo, still an error.
+    with pytest.raises(SLOError, match="request_type 'summarize' is not in the workload"):
+        check(summary, slo, workload_types=["chat", "rag"])

@@ -107,7 +107,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(summary_text(result.summary, title=f"{result.label} on {result.model}"))
     failed = False
     if slo is not None:
-        checks = check(result.summary, slo, result.records)
+        checks = check(result.summary, slo, result.records, workload_types=[t.name for t in workload.mix])
         result.slo_checks = checks
         for c in checks:
             print(("PASS " if c.passed else "FAIL ") + c.message)

@@ -5,6 +5,11 @@
   burstier than Poisson, k > 1 smoother, k = 1 is Poisson.
 - constant: gaps of exactly 1/rate.
 
+Ramp (``ramp_s`` = R): the rate grows linearly from 0 to r over R seconds, then stays at r.
+The stationary stream's offsets u are warped through the inverse of the cumulative intensity
+Λ(t) = r·t²/(2R) (t <= R), r·R/2 + r·(t - R) (t > R): solving Λ(t) = r·u gives
+t = sqrt(2·R·u) for u <= R/2 and t = u + R/2 after, so the same draws serve every ramp length.
+
 Times are offsets in seconds from the start of the arrival stream. They are drawn up front from a
 seeded generator so a run is reproducible and the schedule never depends on how the client keeps up.
 :class:`Pacer` then releases each request at its instant.
@@ -13,6 +18,7 @@ seeded generator so a run is reproducible and the schedule never depends on how 
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import sys
 import time
@@ -62,6 +68,16 @@ def arrival_times(
         for gap in gaps(process, rate_rps, burstiness, rng, batch):
             t += float(gap)
             yield t
+
+
+def ramped(offsets: Iterator[float], ramp_s: float) -> Iterator[float]:
+    """``offsets`` of a stationary stream warped into a linear ramp over ``ramp_s`` (see above)."""
+    if ramp_s <= 0:
+        yield from offsets
+        return
+    half = ramp_s / 2
+    for u in offsets:
+        yield math.sqrt(2.0 * ramp_s * u) if u <= half else u + half
 
 
 # ---------------------------------------------------------------------- the pacer

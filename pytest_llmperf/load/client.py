@@ -217,7 +217,7 @@ class StreamingClient:
         if self.model is not None:
             body["model"] = self.model
         if req.api == "chat":
-            body["messages"] = [{"role": "user", "content": req.prompt}]
+            body["messages"] = [*(req.history or ()), {"role": "user", "content": req.prompt}]
         elif req.api == "completions":
             body["prompt"] = req.prompt
         else:
@@ -447,6 +447,8 @@ class StreamingClient:
                 record.first_token_s = t
             if text and record.first_visible_s is None:
                 record.first_visible_s = t
+            if text and record.response_text is not None:
+                record.response_text.append(text)
             stamp = obj.get("llmperf_server_time")
             if stamp is not None:
                 if record.server_chunk_times_s is None:

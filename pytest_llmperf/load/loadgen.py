@@ -13,6 +13,14 @@ follows, bounded by ``duration_s`` and/or ``num_requests`` (whichever ends first
 arrival, in-flight requests get ``drain_s`` (default: the per-request timeout) to finish; whatever is
 still running then is cancelled and recorded as ``cancelled``: it never just disappears.
 
+Ramp and cap: ``ramp_s`` ramps the open-loop rate linearly from 0 (:func:`~.arrivals.ramped`);
+requests of the ramp are warm-up, so the measurement starts at ``ramp_s + warmup_s``.
+``max_concurrency`` caps an open-loop rate at C requests in flight: an arrival that finds C in
+flight waits for a slot, and its ``scheduled_s`` is the moment the slot freed (as in closed loop),
+so the cap's queueing is not counted as server latency.
+
+A given ``schedule`` (offsets, e.g. a replayed trace's) replaces the arrival process.
+
 Dispatch: in open loop each request is built (prompt) and encoded (``prepare``, e.g. the client's
 JSON/HTTP serialisation) *before* its scheduled instant, then released by the :class:`Pacer`
 at that instant, so neither prompt building nor the event loop's millisecond timer granularity
@@ -25,13 +33,13 @@ import asyncio
 import gc
 import sys
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from pytest_llmperf.load.arrivals import Pacer, arrival_times
+from pytest_llmperf.load.arrivals import Pacer, arrival_times, ramped
 from pytest_llmperf.records import PHASE_MEASURE, PHASE_WARMUP, PreparedRequest, RequestRecord
 
 if TYPE_CHECKING:
@@ -129,6 +137,18 @@ class _LoopLagMonitor:
         return float(arr.max()), float(np.percentile(arr, 99))
 
 
+def new_record(request: PreparedRequest, phase: str, scheduled_s: float) -> RequestRecord:
+    """The record of ``request``, scheduled at ``scheduled_s``, carrying what was asked for."""
+    return RequestRecord(
+        index=request.index, phase=phase, request_type=request.request_type,
+        scheduled_s=scheduled_s, sent_s=scheduled_s,
+        requested_output_tokens=request.max_tokens, output_length_fixed=request.output_length_fixed,
+        prompt_tokens_expected=request.prompt_tokens_expected,
+        session=request.session, turn=request.turn,
+        response_text=[] if request.keep_text else None,
+    )
+
+
 class LoadGenerator:
     """Runs one trial of a workload. ``make(index, phase)`` builds the request, ``send`` streams it.
 
@@ -153,8 +173,10 @@ class LoadGenerator:
         start_at_s: float | None = None,
         index_filter: Callable[[int], bool] | None = None,
         overload: OverloadGuard | None = None,
+        schedule: Iterable[float] | None = None,
     ) -> None:
         self.workload = workload
+        self.schedule = schedule
         self.make = make
         self.send = send
         self.prepare = prepare
@@ -177,7 +199,7 @@ class LoadGenerator:
 
     def _phase_for(self, index: int, offset_s: float) -> str:
         w = self.workload
-        if index < w.warmup_requests or offset_s < w.warmup_s:
+        if index < w.warmup_requests or offset_s < w.warmup_s + w.ramp_s:
             return PHASE_WARMUP
         return PHASE_MEASURE
 
@@ -205,8 +227,7 @@ class LoadGenerator:
 
     def _new_record(self, index: int, phase: str, scheduled_s: float) -> tuple[PreparedRequest, RequestRecord]:
         request = self.make(index, phase)
-        record = RequestRecord(index=index, phase=phase, request_type=request.request_type,
-                               scheduled_s=scheduled_s, sent_s=scheduled_s)
+        record = new_record(request, phase, scheduled_s)
         self._count(phase, scheduled_s)
         self.records.append(record)
         return request, record
@@ -229,17 +250,37 @@ class LoadGenerator:
         task.add_done_callback(self._tasks.pop)
         return task
 
+    def _spawn_capped(self, slots: asyncio.Semaphore, request: Any, record: RequestRecord) -> asyncio.Task:
+        async def capped() -> None:
+            if slots.locked():
+                async with slots:
+                    record.scheduled_s = record.sent_s = self.clock()  # the slot's time, as in closed loop
+                    await self._guarded_send(request, record)
+            else:
+                async with slots:
+                    await self._guarded_send(request, record)
+
+        task = asyncio.create_task(capped())
+        self._tasks[task] = record
+        task.add_done_callback(self._tasks.pop)
+        return task
+
     # ------------------------------------------------------------------ arrival loops
 
     async def _open_loop(self, start_s: float) -> None:
         w = self.workload
-        assert w.rate_rps is not None
+        if self.schedule is not None:
+            offsets: Iterable[float] = self.schedule
+        else:
+            assert w.rate_rps is not None
+            offsets = ramped(arrival_times(w.arrival, w.rate_rps, w.burstiness, w.seed), w.ramp_s)
         # The pacer works on absolute perf_counter instants; the clock is relative to the origin.
         to_absolute = time.perf_counter() - self.clock()
         pacer = Pacer()
         keep = self.index_filter
+        slots = asyncio.Semaphore(w.max_concurrency) if w.max_concurrency else None
         try:
-            for index, offset in enumerate(arrival_times(w.arrival, w.rate_rps, w.burstiness, w.seed)):
+            for index, offset in enumerate(offsets):
                 phase = self._phase_for(index, offset)
                 scheduled = start_s + offset
                 if phase == PHASE_MEASURE and not self._measurement_open(scheduled):
@@ -251,12 +292,14 @@ class LoadGenerator:
                 # Build and encode ahead of the instant: only the send itself is on the clock.
                 request = self.make(index, phase)
                 payload = self.prepare(request) if self.prepare is not None else request
-                record = RequestRecord(index=index, phase=phase, request_type=request.request_type,
-                                       scheduled_s=scheduled, sent_s=scheduled)
+                record = new_record(request, phase, scheduled)
                 self._count(phase, scheduled)
                 await pacer.wait_until(scheduled + to_absolute)
                 self.records.append(record)
-                self._spawn(payload, record)
+                if slots is not None:
+                    self._spawn_capped(slots, payload, record)
+                else:
+                    self._spawn(payload, record)
         finally:
             pacer.close()
 

@@ -12,6 +12,12 @@ by a linear model fitted on the server itself:
 
 The counts the metrics use are always the server's ``usage``; the model above only aims the prompts.
 
+Exact lengths (``exact_prompts``): with ``/tokenize`` the prompts of a run are built ahead, a sample
+of them counted, and when any is off by even one token every prebuilt prompt is counted and its
+tail trimmed or extended (``Δwords = ⌈|count - target| / slope⌉``, repeated until the count is
+the target) before the load starts; each record then carries ``prompt_tokens_expected`` for the
+fidelity check in the metrics.
+
 Cache state: a *cold* prompt starts with a salt unique to the request and the run (so no block of it
 can hit a prefix cache, not even across trials); a *warm* prompt starts with one of
 ``num_prefixes`` shared prefixes that repeat across requests (and across trials of the same seed).
@@ -141,6 +147,7 @@ class PromptFactory:
         # logit_bias on EOS...); when given it replaces the default ignore_eos/min_tokens fields.
         self.length_fields = length_fields
         self._vocab = np.asarray(model.vocab, dtype=object)
+        self._ready: dict[int, PreparedRequest] = {}
         types = workload.request_types
         self._types = types
         weights = np.asarray([t.weight for t in types], dtype=float)
@@ -152,6 +159,13 @@ class PromptFactory:
             " ".join(self._vocab[rng.integers(0, len(self._vocab), size=self._prefix_words)])
             for _ in range(workload.num_prefixes)
         ] if self._prefix_words else []
+        # cache_hit_target: one long shared word sequence; each prompt takes as much as it needs.
+        self._target_words: list[str] = []
+        if workload.cache_hit_target is not None:
+            longest = max(t.input_tokens.max or t.input_tokens.lower_bound * 8 if t.input_tokens.dist != "fixed"
+                          else t.input_tokens.value for t in types)
+            trng = np.random.default_rng([workload.seed, 13, self.nonce & 0xFFFFFFFF])
+            self._target_words = list(self._vocab[trng.integers(0, len(self._vocab), size=int(longest / model.slope) + 64)])
 
     def _salt(self, index: int) -> str:
         # Unique digits of (nonce, index) in base len(vocab): distinct requests never share a salt.
@@ -163,10 +177,49 @@ class PromptFactory:
             digits.append(self._vocab[d])
         return " ".join(digits)
 
+    def expected_hit_tokens(self, input_tokens: int) -> int:
+        """Prompt tokens a prefix cache of ``cache_block_tokens``-token blocks should serve for a
+        prompt of ``input_tokens`` under ``cache_hit_target`` (see :meth:`target_prefix_words`)."""
+        target = self.workload.cache_hit_target or 0.0
+        block = self.workload.cache_block_tokens
+        k = min(int(round(target * input_tokens / block)), max(0, (input_tokens - SALT_WORDS - 1) // block))
+        return k * block
+
+    def target_prefix_words(self, input_tokens: int) -> int:
+        """Shared words that make a prompt hit ``cache_hit_target`` of its tokens.
+
+        A cache serves whole blocks of B tokens of the shared part S = template overhead +
+        words · slope (the salt after the shared words ends it). Aiming S at the middle of block k,
+        ``S = k·B + B/2`` with ``k = round(target · T / B)``, gives ``hits = k·B`` whatever small
+        slack the template or tokenizer adds, so the expected hit rate of a prompt of T tokens is
+        ``k·B / T``, within ``B / 2T`` of the target (3 points at T = 256, B = 16).
+        """
+        hit = self.expected_hit_tokens(input_tokens)
+        if hit == 0:
+            return 0
+        block = self.workload.cache_block_tokens
+        shared_tokens = hit + block // 2
+        return max(0, int(round((shared_tokens - self.model.overhead) / self.model.slope)))
+
+    def _cached(self, index: int, phase: str) -> PreparedRequest | None:
+        request = self._ready.pop(index, None) if self._ready else None
+        if request is not None:
+            request.phase = phase
+        return request
+
+    def prebuild(self, indices: range) -> list[PreparedRequest]:
+        """Build the requests of ``indices`` now and keep them for :meth:`make` (exact prompts)."""
+        for i in indices:
+            self._ready[i] = self.make(i)
+        return [self._ready[i] for i in indices]
+
     def sample_type(self, rng: np.random.Generator) -> RequestType:
         return self._types[int(np.searchsorted(self._cum_weights, rng.random(), side="right").clip(0, len(self._types) - 1))]
 
     def make(self, index: int, phase: str = PHASE_MEASURE) -> PreparedRequest:
+        cached = self._cached(index, phase)
+        if cached is not None:
+            return cached
         rng = np.random.default_rng([self.workload.seed, index])
         rtype = self.sample_type(rng)
         input_tokens = int(rtype.input_tokens.sample(rng, 1)[0])
@@ -174,7 +227,14 @@ class PromptFactory:
         words_total = self.model.words_for(input_tokens)
         parts = []
         used = 0
-        if self.workload.cache == "cold":
+        if self.workload.cache_hit_target is not None:
+            shared = self.target_prefix_words(input_tokens)
+            if shared:
+                parts.append(" ".join(self._target_words[:shared]))
+                used += shared
+            parts.append(self._salt(index))
+            used += SALT_WORDS
+        elif self.workload.cache == "cold":
             parts.append(self._salt(index))
             used += SALT_WORDS
         elif self._prefixes:
@@ -182,6 +242,12 @@ class PromptFactory:
             used += self._prefix_words
         body_words = max(1, words_total - used)
         parts.append(" ".join(self._vocab[rng.integers(0, len(self._vocab), size=body_words)]))
+        return self.finish(index, phase, " ".join(parts), input_tokens, output_tokens, rtype.name)
+
+    def finish(self, index: int, phase: str, prompt: str, input_tokens: int | None, output_tokens: int,
+               request_type: str = "default", history: list[dict[str, str]] | None = None,
+               keep_text: bool = False, session: int | None = None, turn: int | None = None) -> PreparedRequest:
+        """A request from its parts, with the workload's sampling and output-length fields."""
         sampling = dict(self.workload.sampling)
         if "seed" not in sampling and self.workload.sampling.get("temperature", 0) not in (0, None):
             sampling["seed"] = int(self.workload.seed * 1_000_003 + index) % (2**31)
@@ -194,14 +260,83 @@ class PromptFactory:
             ignore_eos = False
         return PreparedRequest(
             index=index,
-            prompt=" ".join(parts),
+            prompt=prompt,
             max_tokens=output_tokens,
             api=self.workload.api,
-            request_type=rtype.name,
+            request_type=request_type,
             phase=phase,
             prompt_tokens_expected=input_tokens,
             ignore_eos=ignore_eos,
             min_tokens=output_tokens if ignore_eos else None,
             sampling=sampling,
             extra_body=extra_body,
+            output_length_fixed=self.workload.ignore_eos,
+            history=history,
+            keep_text=keep_text,
+            session=session,
+            turn=turn,
         )
+
+
+SAMPLE_CHECK = 8
+# Prompts built and counted ahead of a run at most (later ones follow the verified linear model).
+PREBUILD_MAX = 2048
+
+
+def planned_requests(workload: Workload) -> int:
+    """How many requests a run will probably send (for prebuilding exact prompts), capped."""
+    w = workload
+    if w.open_loop:
+        assert w.rate_rps is not None
+        span = (w.warmup_s or 0.0) + (w.duration_s if w.duration_s is not None else 0.0)
+        by_time = int(np.ceil(w.rate_rps * span * 1.3)) + 16 + w.warmup_requests
+        n = by_time if w.duration_s is not None else 1 << 30
+        if w.num_requests is not None:
+            n = min(n, w.num_requests + w.warmup_requests + int(np.ceil(w.rate_rps * w.warmup_s)) + 1)
+    else:
+        assert w.concurrency is not None
+        n = (w.num_requests + w.warmup_requests + w.concurrency) if w.num_requests is not None else 8 * w.concurrency
+    return min(n, PREBUILD_MAX)
+
+
+async def exact_prompts(requests: list[PreparedRequest], counter: TokenCounter, model: TokenModel,
+                        *, concurrency: int = 32) -> tuple[int, int]:
+    """Make each prompt exactly ``prompt_tokens_expected`` tokens as the server counts them.
+
+    Counts a sample of ``SAMPLE_CHECK`` prompts first; when all are exact the rest are trusted
+    (the word model is linear and the words are single tokens). Otherwise every prompt is
+    counted and its tail words trimmed or extended until it matches. Returns (prompts counted,
+    prompts corrected). Prompts are changed in place.
+    """
+    sem = asyncio.Semaphore(concurrency)
+    vocab = model.vocab
+
+    async def fix(request: PreparedRequest) -> tuple[int, bool]:
+        target = request.prompt_tokens_expected
+        if not target:
+            return 0, False
+        changed = False
+        async with sem:
+            for attempt in range(6):
+                n = await _count(counter, request.api, request.prompt)
+                if n is None or n == target:
+                    return 1, changed
+                words = request.prompt.split(" ")
+                delta = int(np.ceil(abs(n - target) / max(model.slope, 1e-6)))
+                if n > target:
+                    keep = max(1, len(words) - delta)
+                    request.prompt = " ".join(words[:keep])
+                else:
+                    rng = np.random.default_rng([request.index, attempt, 11])
+                    request.prompt += " " + " ".join(vocab[i] for i in rng.integers(0, len(vocab), size=delta))
+                changed = True
+        return 1, changed
+
+    head = await asyncio.gather(*(fix(r) for r in requests[:SAMPLE_CHECK]))
+    counted = sum(c for c, _ in head)
+    fixed = sum(1 for _, ch in head if ch)
+    if fixed:
+        rest = await asyncio.gather(*(fix(r) for r in requests[SAMPLE_CHECK:]))
+        counted += sum(c for c, _ in rest)
+        fixed += sum(1 for _, ch in rest if ch)
+    return counted, fixed

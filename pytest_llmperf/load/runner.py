@@ -20,25 +20,33 @@ import httpx
 import numpy as np
 
 from pytest_llmperf.cache_check import verify as verify_cache
+from pytest_llmperf.cache_check import verify_conversation, verify_hit_rate
 from pytest_llmperf.errors import LLMPerfError
 from pytest_llmperf.load.client import StreamingClient
-from pytest_llmperf.load.loadgen import LoadGenerator, OverloadGuard, Progress, run_sync
+from pytest_llmperf.load.conversations import ConversationLoad
+from pytest_llmperf.load.loadgen import LoadGenerator, LoadOutcome, OverloadGuard, Progress, run_sync
 from pytest_llmperf.load.prompts import (
     PromptFactory,
     TokenModel,
     calibrate_with_tokenizer,
     estimated_model,
+    exact_prompts,
     fit_from_usage,
+    planned_requests,
 )
+from pytest_llmperf.load.traffic import DatasetTraffic, TraceTraffic, load_dataset
 from pytest_llmperf.load.workers import ClientSpec, run_in_workers
 from pytest_llmperf.metrics import summarize
 from pytest_llmperf.records import PreparedRequest, RequestRecord
 from pytest_llmperf.results import RunResult, TrialResult, pooled_summary
 from pytest_llmperf.telemetry import TelemetrySampler
+from pytest_llmperf.traffic.datasets import read_dataset
+from pytest_llmperf.traffic.traces import scan as scan_trace
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from pytest_llmperf.cache_check import CacheCheck
     from pytest_llmperf.objectives import SLO
     from pytest_llmperf.workload import Workload
 
@@ -103,17 +111,26 @@ class Runner:
     async def arun(self, workload: Workload, *, slo: SLO | None = None, trials: int | None = None) -> RunResult:
         n_trials = trials or workload.trials or 1
         results = []
+        if workload.trace is not None:
+            scan_trace(workload.trace)  # a bad line fails here, before any load
+        if workload.dataset is not None:
+            read_dataset(workload.dataset, workload.seed)
         model = await self._resolve_model()
         # The calibration probes obey the workload's request timeout: a stalling server must not
         # hold the run for a fixed 30 s per probe before any load is sent.
         token_model = await self._token_model(workload.api, model, timeout_s=workload.timeout_s)
+        dataset = None
+        if workload.dataset is not None:
+            async with self._client(time.perf_counter(), timeout_s=workload.timeout_s) as client:
+                client.model = model
+                dataset = await load_dataset(workload, PromptFactory(workload, token_model), client)
         for index in range(n_trials):
-            trial = await self._trial(workload, model, token_model, slo, index)
+            trial = await self._trial(workload, model, token_model, slo, index, dataset)
             if not trial.summary.validity.valid and self.rerun_invalid:
                 # One rerun: a transient stall of the load generator's machine should not cost the
                 # verdict; a second invalid trial stands, and the gate reports the run as invalid.
                 first = trial
-                trial = await self._trial(workload, model, token_model, slo, index)
+                trial = await self._trial(workload, model, token_model, slo, index, dataset)
                 trial.reruns = 1
                 trial.rerun_reasons = list(first.summary.validity.reasons)
             results.append(trial)
@@ -126,10 +143,21 @@ class Runner:
             token_model=token_model.to_dict(),
             slo=slo,
             label=workload.label(),
-            cache_check=verify_cache(workload.cache, [t.telemetry for t in results],
-                                     [r for t in results for r in t.records],
-                                     template_tokens=max(0.0, token_model.overhead) if workload.api == "chat" else 0.0),
+            cache_check=self._cache_check(workload, results, token_model),
         )
+
+    @staticmethod
+    def _cache_check(workload: Workload, results: list[TrialResult], token_model: TokenModel) -> CacheCheck | None:
+        telemetry = [t.telemetry for t in results]
+        records = [r for t in results for r in t.records]
+        if workload.cache_hit_target is not None:
+            return verify_hit_rate(workload.cache_hit_target, telemetry, records)
+        if workload.conversation is not None:
+            return verify_conversation(telemetry, records, workload.cache_block_tokens)
+        if workload.trace is not None or workload.dataset is not None:
+            return None  # the file decides what repeats; there is no cold/warm claim to check
+        return verify_cache(workload.cache, telemetry, records,
+                            template_tokens=max(0.0, token_model.overhead) if workload.api == "chat" else 0.0)
 
     def _client(self, origin_s: float, workload: Workload | None = None,
                 timeout_s: float | None = None) -> StreamingClient:
@@ -200,20 +228,36 @@ class Runner:
         return fit_from_usage(points, api)
 
     async def _trial(self, workload: Workload, model: str, token_model: TokenModel, slo: SLO | None,
-                     index: int) -> TrialResult:
+                     index: int, dataset: DatasetTraffic | None = None) -> TrialResult:
         factory = PromptFactory(workload, token_model, extra_body=self.extra_body,
                                 send_ignore_eos=self.send_ignore_eos, length_fields=self.length_fields)
         expected: dict[int, int | None] = {}
+        build: Callable[[int, str], PreparedRequest] = factory.make
+        schedule = None
+        if workload.trace is not None:
+            trace = TraceTraffic(workload, factory)
+            build, schedule = trace.make, trace.schedule()
+        elif dataset is not None:
+            dataset.factory = factory
+            build = dataset.make
 
         def make(i: int, phase: str) -> PreparedRequest:
-            request = factory.make(i, phase)
+            request = build(i, phase)
             expected[i] = request.prompt_tokens_expected
             return request
 
+        if workload.conversation is not None:
+            return await self._conversation_trial(workload, model, factory, slo, index)
+        if token_model.source == "tokenize" and build == factory.make:
+            # Exact prompt lengths: count the prompts ahead of the load and fix any that are off.
+            async with self._client(time.perf_counter(), timeout_s=workload.timeout_s) as client:
+                await exact_prompts(factory.prebuild(range(planned_requests(workload))), client, token_model)
         await self._reset_cache()
         origin = time.perf_counter()
         started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         n_workers = self.workers or workload.workers
+        if schedule is not None:
+            n_workers = 1  # a streamed trace is read by one process
         async with self._client(origin, workload) as client:
             client.model = model
             generator = LoadGenerator(
@@ -223,6 +267,7 @@ class Runner:
                 progress_interval_s=self.progress_interval_s,
                 prepare=client.encode,
                 overload=self.overload,
+                schedule=schedule,
             )
             sampler = None
             if self.metrics_url:
@@ -240,6 +285,10 @@ class Runner:
                     outcome = await generator.run()
             finally:
                 telemetry = (await sampler.stop()).to_dict() if sampler is not None else None
+        return self._trial_result(index, outcome, slo, started_at, origin, expected, telemetry)
+
+    def _trial_result(self, index: int, outcome: LoadOutcome, slo: SLO | None, started_at: str, origin: float,
+                      expected: dict[int, int | None], telemetry: dict[str, Any] | None) -> TrialResult:
         summary = summarize(outcome.records, slo=slo, window_s=outcome.window_s,
                             loop_lag_p99_s=outcome.loop_lag_p99_s)
         trial = TrialResult(
@@ -255,3 +304,23 @@ class Runner:
             telemetry=telemetry,
         )
         return trial
+
+    async def _conversation_trial(self, workload: Workload, model: str, factory: PromptFactory,
+                                  slo: SLO | None, index: int) -> TrialResult:
+        await self._reset_cache()
+        origin = time.perf_counter()
+        started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        async with self._client(origin, workload) as client:
+            client.model = model
+            load = ConversationLoad(workload, factory, client.send, clock=lambda: time.perf_counter() - origin,
+                                    prepare=client.encode)
+            sampler = None
+            if self.metrics_url:
+                sampler = TelemetrySampler(self.metrics_url, interval_s=1.0, origin_s=origin)
+                await sampler.start()
+            try:
+                outcome = await load.run()
+            finally:
+                telemetry = (await sampler.stop()).to_dict() if sampler is not None else None
+        expected = {r.index: r.prompt_tokens_expected for r in outcome.records}
+        return self._trial_result(index, outcome, slo, started_at, origin, expected, telemetry)

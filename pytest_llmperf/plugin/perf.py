@@ -83,9 +83,10 @@ class LLMPerf:
         finally:
             printer.done()
         checks = []
+        types = [t.name for t in workload.mix]
         for slo in self.slos:
             try:
-                checks.extend(check(result.summary, slo, result.records))
+                checks.extend(check(result.summary, slo, result.records, workload_types=types))
             except SLOError as exc:
                 pytest.fail(f"llmperf: {exc}", pytrace=False)
         result.slo_checks = checks

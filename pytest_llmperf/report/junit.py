@@ -91,7 +91,9 @@ def _slo_cases(run: Mapping[str, Any], name: str, classname: str) -> list[TestCa
     cases = []
     for c in run.get("slo_checks") or []:
         case = TestCase(f"{name}{SEP}slo {c.get('key')}", classname=classname, stdout=str(c.get("message", "")))
-        if not c.get("passed"):
+        if c.get("not_measured"):
+            case.add_skipped_info(message=str(c.get("message", "")))
+        elif not c.get("passed"):
             case.add_failure_info(message=str(c.get("message", "")), failure_type="slo")
         cases.append(case)
     return cases

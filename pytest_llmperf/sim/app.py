@@ -182,7 +182,13 @@ async def _generate(state: SimState, request: Request, api: str) -> Any:
     )
     drop_after = rng.randint(1, plan.target_len) if cfg.drop_rate and rng.random() < cfg.drop_rate else None
     rid = ("chatcmpl-" if api == "chat" else "cmpl-") + uuid.uuid4().hex
-    seq = Sequence(rid, prompt_len, block_hashes(req.prompt_ids, perf.block_size), plan.target_len, plan.finish_reason)
+    # Generated tokens' blocks enter the prefix cache too (as on vLLM): the ids of the planned
+    # output follow the prompt's, so a follow-up turn that sends the answer back hits them.
+    output_ids = state.tokenizer.encode(plan.text(0, plan.target_len))
+    if len(output_ids) != plan.target_len:
+        output_ids = []  # a stop string cut a token's text: cache the prompt's blocks only
+    hashes = block_hashes(req.prompt_ids + output_ids, perf.block_size)
+    seq = Sequence(rid, prompt_len, hashes, plan.target_len, plan.finish_reason)
     try:
         state.engine.submit(seq)
     except RuntimeError:

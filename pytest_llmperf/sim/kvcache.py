@@ -2,7 +2,8 @@
 
 No tensors exist, so a block is only bookkeeping: a sequence holds some *anonymous* blocks
 (partial blocks, generated tokens, duplicates) and references to *cached* blocks named by the
-hash of the prompt tokens they hold (chained over the preceding blocks, as vLLM does). A cached
+hash of the tokens they hold (chained over the preceding blocks, as vLLM does): prompt blocks,
+and blocks of generated tokens once computed, so a follow-up turn that sends the answer back hits. A cached
 block whose reference count drops to zero stays reusable until it is evicted, least recently
 freed first.
 """

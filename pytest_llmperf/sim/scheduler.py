@@ -252,7 +252,7 @@ class SchedulerCore:
             seq.num_computed = new
             hashes = seq.block_hashes
             if old < len(hashes) * bs:
-                # Prompt blocks completed by this step become reusable by later requests.
+                # Blocks completed by this step (prompt, then generated tokens) become reusable.
                 for b in range(old // bs, min(new // bs, len(hashes))):
                     h = hashes[b]
                     if pool.register(h):

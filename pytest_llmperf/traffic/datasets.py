@@ -1,0 +1,255 @@
+"""Prompts from a dataset file on disk (nothing is downloaded).
+
+Formats (``format="auto"`` picks by extension):
+
+- ``sharegpt`` (``.json``): a JSON list of ``{"conversations": [{"from": "human", "value": ...},
+  {"from": "gpt", "value": ...}, ...]}``; a row is the first human turn, and the reply that
+  follows it sets the answer length (its token count), as vLLM's ShareGPT benchmark does.
+- ``jsonl`` (``.jsonl``): one object per line with ``prompt`` (a string) or ``messages`` (an
+  OpenAI chat list), and optionally ``output_tokens`` (else the workload's ``output_tokens``).
+- ``parquet`` / ``arrow`` (``.parquet``, ``.arrow``, ``.feather``): the same columns as JSONL,
+  read with ``pyarrow`` (``pip install 'pytest-llmperf[datasets]'``).
+
+The load layer then counts each row's prompt tokens (exactly via ``/tokenize`` when the server
+has it, else with the calibrated word model), drops rows outside ``[min_input_tokens,
+max_input_tokens]`` or whose answer exceeds ``max_output_tokens``, and shuffles the rest with the
+workload's seed; request i uses row ``order[i mod n]``. At most ``max_rows`` rows (a seeded
+sample) are read into the run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pytest_llmperf.errors import InputError
+
+DATASET_FORMATS = ("auto", "sharegpt", "jsonl", "parquet", "arrow")
+
+
+class DatasetError(InputError):
+    """A dataset that cannot be used; the message names the file, the row and the field."""
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    path: str
+    format: str = "auto"
+    min_input_tokens: int | None = None
+    max_input_tokens: int | None = None
+    max_output_tokens: int | None = None
+    max_rows: int = 5000
+
+    @classmethod
+    def parse(cls, spec: Any) -> DatasetSpec:
+        if isinstance(spec, DatasetSpec):
+            return spec
+        if isinstance(spec, (str, Path)):
+            spec = {"path": str(spec)}
+        if not isinstance(spec, Mapping):
+            raise DatasetError(f"dataset: expected a path or a mapping with 'path', got {spec!r}")
+        data = dict(spec)
+        allowed = ("path", "format", "min_input_tokens", "max_input_tokens", "max_output_tokens", "max_rows")
+        unknown = sorted(set(data) - set(allowed))
+        if unknown:
+            raise DatasetError(f"dataset: unknown key(s) {', '.join(unknown)}; valid: {', '.join(allowed)}")
+        if not isinstance(data.get("path"), (str, Path)) or not str(data.get("path")):
+            raise DatasetError("dataset: 'path' must name a dataset file")
+        data["path"] = str(data["path"])
+        if data.get("format", "auto") not in DATASET_FORMATS:
+            raise DatasetError(f"dataset.format must be one of {', '.join(DATASET_FORMATS)}, got {data['format']!r}")
+        for key in ("min_input_tokens", "max_input_tokens", "max_output_tokens", "max_rows"):
+            value = data.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise DatasetError(f"dataset.{key} must be a positive integer, got {value!r}")
+        lo, hi = data.get("min_input_tokens"), data.get("max_input_tokens")
+        if lo is not None and hi is not None and hi < lo:
+            raise DatasetError(f"dataset.max_input_tokens ({hi}) is below min_input_tokens ({lo})")
+        return cls(**data)
+
+    @property
+    def resolved_format(self) -> str:
+        if self.format != "auto":
+            return self.format
+        suffix = Path(self.path).suffix.lower()
+        found = {".json": "sharegpt", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet",
+                 ".arrow": "arrow", ".feather": "arrow"}.get(suffix)
+        if found is None:
+            raise DatasetError(f"{self.path}: cannot tell the dataset format from {suffix!r}; set dataset.format")
+        return found
+
+    def to_spec(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetRow:
+    """One usable row: a prompt (or chat messages) and, when the file says, the answer length."""
+
+    row: int
+    prompt: str | None = None
+    messages: tuple[Mapping[str, Any], ...] | None = None
+    output_tokens: int | None = None
+    # ShareGPT: the reference answer, whose token count becomes the answer length.
+    output_text: str | None = None
+
+    @property
+    def text(self) -> str:
+        if self.prompt is not None:
+            return self.prompt
+        return "\n".join(str(m.get("content") or "") for m in self.messages or ())
+
+
+def _where(spec: DatasetSpec, row: int) -> str:
+    unit = "line" if spec.resolved_format == "jsonl" else "row"
+    return f"{spec.path}:{row}" if unit == "line" else f"{spec.path}: row {row}"
+
+
+def _output_tokens(spec: DatasetSpec, row: int, value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value != int(value):
+        raise DatasetError(f"{_where(spec, row)}: field 'output_tokens': expected an integer token count, got {value!r}")
+    if value < 1:
+        raise DatasetError(f"{_where(spec, row)}: field 'output_tokens': must be at least 1, got {int(value)}")
+    return int(value)
+
+
+def _row(spec: DatasetSpec, row: int, obj: Any) -> DatasetRow:
+    if not isinstance(obj, Mapping):
+        raise DatasetError(f"{_where(spec, row)}: expected an object with 'prompt' or 'messages'")
+    out = _output_tokens(spec, row, obj.get("output_tokens"))
+    prompt = obj.get("prompt")
+    if prompt is not None:
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise DatasetError(f"{_where(spec, row)}: field 'prompt': expected a non-empty string")
+        return DatasetRow(row, prompt=prompt, output_tokens=out)
+    messages = obj.get("messages")
+    if messages is None:
+        raise DatasetError(f"{_where(spec, row)}: missing field 'prompt' (or 'messages')")
+    if isinstance(messages, np.ndarray):
+        messages = list(messages)
+    if not isinstance(messages, list) or not messages or not all(
+            isinstance(m, Mapping) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages):
+        raise DatasetError(f"{_where(spec, row)}: field 'messages': expected a non-empty list of "
+                           "{role, content} objects with string content")
+    return DatasetRow(row, messages=tuple(dict(m) for m in messages), output_tokens=out)
+
+
+def _sharegpt(spec: DatasetSpec) -> list[DatasetRow]:
+    try:
+        data = json.loads(Path(spec.path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise DatasetError(f"{spec.path}: cannot read dataset: {exc.strerror}") from None
+    except ValueError as exc:
+        raise DatasetError(f"{spec.path}: not valid JSON: {exc}") from None
+    if not isinstance(data, list):
+        raise DatasetError(f"{spec.path}: a ShareGPT file is a JSON list of {{'conversations': [...]}} objects")
+    rows = []
+    for i, item in enumerate(data, 1):
+        turns = item.get("conversations") if isinstance(item, Mapping) else None
+        if not isinstance(turns, list):
+            raise DatasetError(f"{spec.path}: row {i}: missing field 'conversations'")
+        human = next((j for j, t in enumerate(turns) if isinstance(t, Mapping) and t.get("from") == "human"), None)
+        if human is None:
+            continue  # no human turn: nothing to ask
+        text = turns[human].get("value")
+        if not isinstance(text, str):
+            raise DatasetError(f"{spec.path}: row {i}: field 'conversations[{human}].value': expected a string")
+        reply = turns[human + 1] if human + 1 < len(turns) and isinstance(turns[human + 1], Mapping) else None
+        answer = reply.get("value") if reply is not None else None
+        if text.strip():
+            rows.append(DatasetRow(i, prompt=text, output_text=answer if isinstance(answer, str) else None))
+    return rows
+
+
+def _jsonl(spec: DatasetSpec) -> list[DatasetRow]:
+    rows = []
+    try:
+        fh = open(spec.path, encoding="utf-8")  # noqa: SIM115
+    except OSError as exc:
+        raise DatasetError(f"{spec.path}: cannot read dataset: {exc.strerror}") from None
+    with fh:
+        for n, text in enumerate(fh, 1):
+            if not text.strip():
+                continue
+            try:
+                obj = json.loads(text)
+            except ValueError as exc:
+                raise DatasetError(f"{spec.path}:{n}: not valid JSON: {exc}") from None
+            rows.append(_row(spec, n, obj))
+    return rows
+
+
+def _arrow(spec: DatasetSpec) -> list[DatasetRow]:
+    try:
+        import pyarrow as pa
+        import pyarrow.feather as feather
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DatasetError(f"{spec.path}: reading {spec.resolved_format} needs pyarrow: "
+                           "pip install 'pytest-llmperf[datasets]'") from None
+    try:
+        if spec.resolved_format == "parquet":
+            table = pq.read_table(spec.path)
+        else:
+            try:
+                table = feather.read_table(spec.path)
+            except pa.ArrowInvalid:
+                with pa.memory_map(spec.path) as source:
+                    table = pa.ipc.open_stream(source).read_all()
+    except (OSError, pa.ArrowException) as exc:
+        raise DatasetError(f"{spec.path}: cannot read dataset: {exc}") from None
+    names = table.column_names
+    if "prompt" not in names and "messages" not in names:
+        raise DatasetError(f"{spec.path}: missing column 'prompt' (or 'messages'); columns: {', '.join(names)}")
+    return [_row(spec, i, obj) for i, obj in enumerate(table.to_pylist(), 1)]
+
+
+def read_dataset(spec: DatasetSpec, seed: int = 0) -> list[DatasetRow]:
+    """All usable rows (validated), or a seeded sample of ``max_rows`` of them."""
+    fmt = spec.resolved_format
+    rows = _sharegpt(spec) if fmt == "sharegpt" else _jsonl(spec) if fmt == "jsonl" else _arrow(spec)
+    if not rows:
+        raise DatasetError(f"{spec.path}: no usable row (no prompt in the file)")
+    if len(rows) > spec.max_rows:
+        pick = np.sort(np.random.default_rng([seed, 17]).choice(len(rows), size=spec.max_rows, replace=False))
+        rows = [rows[i] for i in pick]
+    return rows
+
+
+def select(spec: DatasetSpec, rows: list[DatasetRow], prompt_tokens: list[int], output_tokens: list[int | None],
+           seed: int) -> list[int]:
+    """Indices of rows that pass the length filters, shuffled with ``seed``.
+
+    Raises :class:`DatasetError` naming the filter that removed every row (the first one that
+    leaves nothing, in the order min_input_tokens, max_input_tokens, max_output_tokens).
+    """
+    keep = list(range(len(rows)))
+    filters = (
+        ("min_input_tokens", spec.min_input_tokens, lambda i: prompt_tokens[i] >= spec.min_input_tokens),  # type: ignore[operator]
+        ("max_input_tokens", spec.max_input_tokens, lambda i: prompt_tokens[i] <= spec.max_input_tokens),  # type: ignore[operator]
+        ("max_output_tokens", spec.max_output_tokens,
+         lambda i: output_tokens[i] is None or output_tokens[i] <= spec.max_output_tokens),  # type: ignore[operator]
+    )
+    for name, limit, ok in filters:
+        if limit is None:
+            continue
+        left = [i for i in keep if ok(i)]
+        if not left:
+            lengths = [prompt_tokens[i] for i in keep] if "input" in name else [output_tokens[i] for i in keep]
+            known = [v for v in lengths if v is not None]
+            span = f"{min(known)}-{max(known)}" if known else "unknown"
+            raise DatasetError(f"{spec.path}: no usable row left: dataset.{name}={limit} removed all {len(keep)} "
+                               f"remaining rows (their {'prompt' if 'input' in name else 'answer'} lengths: "
+                               f"{span} tokens)")
+        keep = left
+    order = np.random.default_rng([seed, 23]).permutation(len(keep))
+    return [keep[i] for i in order]
