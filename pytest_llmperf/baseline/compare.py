@@ -168,7 +168,9 @@ def precision_floor(entry: Mapping[str, Any], g: GatedStat) -> str | None:
             n, n_eff = series.size, effective_sample_size(series)
         else:
             summary = entry.get("summary") or {}
-            dist = summary.get(g.metric) or {}
+            dist = summary.get(g.metric)
+            if not dist:
+                continue  # neither samples nor counts: nothing to judge the precision by
             n = int(dist.get("count") or 0) // max(1, len(entry.get("trials") or []))
             n_eff = float(n)
         if worst is None or n_eff < worst[0]:

@@ -103,11 +103,11 @@ class GateSession:
 
     @classmethod
     def from_sessions(cls, sessions: Sequence[Mapping[str, SavedEntry]], settings: GateSettings | None = None, *,
-                      session_ids: Sequence[str] | None = None, change_alpha: float = 0.01) -> GateSession:
+                      session_ids: Sequence[str] | None = None, change_alpha: float | None = 0.01) -> GateSession:
         """The gate against main's history: ``sessions`` are saved sessions' ``tests`` (newest
         first). Per run key, only sessions measured on the newest one's setup are pooled (the
         others are named in :attr:`notes`), and only since the last change point of any of its
-        statistics."""
+        statistics (``change_alpha=None`` pools all of them: for histories known to be stationary)."""
         ids = list(session_ids) if session_ids is not None else [f"session {i + 1}" for i in range(len(sessions))]
         keys: list[str] = []
         for tests in sessions:
@@ -123,7 +123,7 @@ class GateSession:
             if other:
                 notes.setdefault(key, []).append(
                     f"{len(other)} session(s) measured on another setup left out: {', '.join(other[:5])}")
-            cut = _last_change(matching, alpha=change_alpha)
+            cut = _last_change(matching, alpha=change_alpha) if change_alpha is not None else 0
             if cut:
                 notes.setdefault(key, []).append(
                     f"{len(matching) - cut} session(s) before a change point in main's history left out")
