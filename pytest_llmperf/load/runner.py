@@ -221,8 +221,10 @@ class Runner:
                 if n_workers > 1:
                     spec = ClientSpec(self.base_url, model, self._api_key, client.timeout_s,
                                       client.max_connections, self.use_uvloop)
+                    # The factory's bound method, not ``make``: worker processes start from a
+                    # fresh interpreter (forkserver/spawn) and need a picklable builder.
                     outcome, sent = await run_in_workers(
-                        workload, make, spec, n_workers, origin_s=origin, overload=self.overload,
+                        workload, factory.make, spec, n_workers, origin_s=origin, overload=self.overload,
                         progress=self.progress, progress_interval_s=self.progress_interval_s)
                     expected.update(sent)
                 else:
