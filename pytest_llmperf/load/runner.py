@@ -20,7 +20,7 @@ import httpx
 import numpy as np
 
 from pytest_llmperf.cache_check import verify as verify_cache
-from pytest_llmperf.errors import LLMPerfError
+from pytest_llmperf.errors import InputError, LLMPerfError
 from pytest_llmperf.load.client import StreamingClient
 from pytest_llmperf.load.loadgen import LoadGenerator, OverloadGuard, Progress, run_sync
 from pytest_llmperf.load.prompts import (
@@ -33,7 +33,7 @@ from pytest_llmperf.load.prompts import (
 from pytest_llmperf.load.workers import ClientSpec, run_in_workers
 from pytest_llmperf.metrics import summarize
 from pytest_llmperf.records import PreparedRequest, RequestRecord
-from pytest_llmperf.results import RunResult, TrialResult, pooled_summary
+from pytest_llmperf.results import RunResult, TrialResult, pooled_summary, with_invalid_reasons
 from pytest_llmperf.telemetry import TelemetrySampler
 
 if TYPE_CHECKING:
@@ -66,6 +66,8 @@ class Runner:
         workers: int | None = None,
         use_uvloop: bool | None = None,
         overload: OverloadGuard | None = None,
+        ray_address: str | None = None,
+        ray_workers: int | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
@@ -85,6 +87,17 @@ class Runner:
         if workers is not None and not (isinstance(workers, int) and not isinstance(workers, bool) and workers >= 1):
             raise ValueError(f"workers must be a positive integer, got {workers!r}")
         self.workers = workers
+        # Load from a Ray cluster (None: the workload's own ``ray_address``); see ray_load.py.
+        if ray_address is not None:
+            from pytest_llmperf.load import ray_load
+
+            ray_address = ray_load.check_address(ray_address)
+            ray_load.require_ray()  # a missing extra fails here, before anything runs
+        if ray_workers is not None and not (isinstance(ray_workers, int) and not isinstance(ray_workers, bool)
+                                            and ray_workers >= 1):
+            raise InputError(f"ray_workers must be a positive integer, got {ray_workers!r}", option="ray-workers")
+        self.ray_address = ray_address
+        self.ray_workers = ray_workers
         # None: uvloop when installed (cheaper per chunk), True: required, False: never.
         self.use_uvloop = use_uvloop
         # Ends open-loop trials early when the backlog grows without bound (capacity search).
@@ -100,6 +113,12 @@ class Runner:
     async def arun(self, workload: Workload, *, slo: SLO | None = None, trials: int | None = None) -> RunResult:
         n_trials = trials or workload.trials or 1
         results = []
+        ray_address = self._ray_address(workload)
+        if ray_address is not None:
+            from pytest_llmperf.load import ray_load
+
+            # An unreachable cluster or a version mismatch fails here, before any request is sent.
+            ray_load.connect(ray_address)
         model = await self._resolve_model()
         # The calibration probes obey the workload's request timeout: a stalling server must not
         # hold the run for a fixed 30 s per probe before any load is sent.
@@ -119,6 +138,13 @@ class Runner:
                                      [r for t in results for r in t.records],
                                      template_tokens=max(0.0, token_model.overhead) if workload.api == "chat" else 0.0),
         )
+
+    def _ray_address(self, workload: Workload) -> str | None:
+        address = self.ray_address or workload.ray_address
+        if address is None and (self.ray_workers or workload.ray_workers):
+            raise InputError("ray_workers needs a Ray cluster address ('auto', 'ray://host:10001' or 'host:6379')",
+                             option="ray-address")
+        return address
 
     def _client(self, origin_s: float, workload: Workload | None = None,
                 timeout_s: float | None = None) -> StreamingClient:
@@ -203,6 +229,8 @@ class Runner:
         origin = time.perf_counter()
         started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         n_workers = self.workers or workload.workers
+        ray_address = self._ray_address(workload)
+        distributed = None
         async with self._client(origin, workload) as client:
             client.model = model
             generator = LoadGenerator(
@@ -218,9 +246,18 @@ class Runner:
                 sampler = TelemetrySampler(self.metrics_url, interval_s=1.0, origin_s=origin)
                 await sampler.start()
             try:
-                if n_workers > 1:
-                    spec = ClientSpec(self.base_url, model, self._api_key, client.timeout_s,
-                                      client.max_connections, self.use_uvloop)
+                spec = ClientSpec(self.base_url, model, self._api_key, client.timeout_s,
+                                  client.max_connections, self.use_uvloop)
+                if ray_address is not None:
+                    from pytest_llmperf.load.ray_load import run_on_ray
+
+                    outcome, sent, ray_run = await run_on_ray(
+                        workload, factory.make, spec, address=ray_address,
+                        ray_workers=self.ray_workers or workload.ray_workers, local_workers=n_workers,
+                        origin_s=origin, overload=self.overload)
+                    expected.update(sent)
+                    distributed = ray_run.to_dict()
+                elif n_workers > 1:
                     # The factory's bound method, not ``make``: worker processes start from a
                     # fresh interpreter (forkserver/spawn) and need a picklable builder.
                     outcome, sent = await run_in_workers(
@@ -233,6 +270,8 @@ class Runner:
                 telemetry = (await sampler.stop()).to_dict() if sampler is not None else None
         summary = summarize(outcome.records, slo=slo, window_s=outcome.window_s,
                             loop_lag_p99_s=outcome.loop_lag_p99_s)
+        invalid = list(distributed["reasons"]) if distributed else []
+        summary = with_invalid_reasons(summary, invalid)
         trial = TrialResult(
             index=index,
             records=outcome.records,
@@ -244,5 +283,7 @@ class Runner:
             wall_s=time.perf_counter() - origin,
             expected_prompt_tokens=[expected.get(r.index) for r in outcome.records],
             telemetry=telemetry,
+            distributed=distributed,
+            invalid_reasons=invalid,
         )
         return trial
