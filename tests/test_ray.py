@@ -30,7 +30,16 @@ from pytest_llmperf.results import with_invalid_reasons
 from pytest_llmperf.sim import SimConfig, start_in_thread
 from pytest_llmperf.workload import Workload, WorkloadError
 
-pytestmark = pytest.mark.filterwarnings("error:.*use of fork\\(\\) may lead to deadlocks:DeprecationWarning")
+
+@pytest.fixture(autouse=True)
+def no_fork_of_a_threaded_process(recwarn):
+    """Forking a process that runs threads can deadlock the child; Python 3.12+ warns "This
+    process ... is multi-threaded, use of fork() may lead to deadlocks in the child". Workers must
+    start without that hazard, so the warning fails the test. (A filterwarnings "error" mark
+    cannot do it: CPython swallows an exception raised by this warning inside os.fork.)"""
+    yield
+    forks = [str(w.message) for w in recwarn if "use of fork() may lead to deadlocks" in str(w.message)]
+    assert not forks, forks
 
 
 def _ray_or_skip():

@@ -15,10 +15,16 @@ from pytest_llmperf.records import PHASE_WARMUP, RequestRecord
 from pytest_llmperf.sim import SimConfig, start_in_thread
 from pytest_llmperf.workload import Workload
 
-# Forking a process that runs threads (the simulator below runs in one) can deadlock the child;
-# Python 3.12+ warns "This process ... is multi-threaded, use of fork() may lead to deadlocks".
-# Workers must start without that hazard on every supported version, so the warning fails here.
-pytestmark = pytest.mark.filterwarnings("error:.*use of fork\\(\\) may lead to deadlocks:DeprecationWarning")
+
+@pytest.fixture(autouse=True)
+def no_fork_of_a_threaded_process(recwarn):
+    """Forking a process that runs threads can deadlock the child; Python 3.12+ warns "This
+    process ... is multi-threaded, use of fork() may lead to deadlocks in the child". Workers must
+    start without that hazard, so the warning fails the test. (A filterwarnings "error" mark
+    cannot do it: CPython swallows an exception raised by this warning inside os.fork.)"""
+    yield
+    forks = [str(w.message) for w in recwarn if "use of fork() may lead to deadlocks" in str(w.message)]
+    assert not forks, forks
 
 
 @pytest.fixture(scope="module")
