@@ -39,6 +39,12 @@ class TrialResult:
     # An invalid trial is run once more; the reasons the first attempt was invalid are kept.
     reruns: int = 0
     rerun_reasons: list[str] = field(default_factory=list)
+    # Load from several machines (Ray): where each share ran, each node's clock offset to the
+    # driver and any share that went missing (``RayRun.to_dict``); None for one machine.
+    distributed: dict[str, Any] | None = None
+    # Why the trial is invalid beyond what its records show (a lost node, an untrusted clock);
+    # already in ``summary.validity``, kept here so pooled summaries keep them too.
+    invalid_reasons: list[str] = field(default_factory=list)
 
     @property
     def measured(self) -> list[RequestRecord]:
@@ -97,7 +103,17 @@ def pooled_summary(trials: list[TrialResult], slo: SLO | None) -> Summary:
             shifted.append(c)
         offset += end - start
     lag = max(t.loop_lag_p99_s for t in trials)
-    return summarize(shifted, slo=slo, window_s=(0.0, offset), loop_lag_p99_s=lag)
+    pooled = summarize(shifted, slo=slo, window_s=(0.0, offset), loop_lag_p99_s=lag)
+    return with_invalid_reasons(pooled, [f"trial {t.index}: {r}" for t in trials for r in t.invalid_reasons])
 
 
-__all__ = ["RunResult", "TrialResult", "pooled_summary"]
+def with_invalid_reasons(summary: Summary, reasons: list[str]) -> Summary:
+    """``summary`` marked invalid for ``reasons`` known outside its records (none: unchanged)."""
+    if not reasons:
+        return summary
+    validity = dataclasses.replace(summary.validity, valid=False,
+                                   reasons=[*summary.validity.reasons, *reasons])
+    return dataclasses.replace(summary, validity=validity)
+
+
+__all__ = ["RunResult", "TrialResult", "pooled_summary", "with_invalid_reasons"]

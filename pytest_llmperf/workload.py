@@ -197,6 +197,10 @@ class Workload:
     shortest prompt) drawn from ``num_prefixes`` distinct prefixes, so repeats hit the cache.
     The warm-up phase (``warmup_s`` / ``warmup_requests``) runs at the same load, is recorded, and
     is excluded from statistics.
+
+    Where the load is sent from does not change the traffic (nor the fingerprint): ``workers``
+    local processes, or ``ray_workers`` Ray actors of a cluster at ``ray_address`` (``"auto"``,
+    ``"ray://host:10001"``, ``"host:6379"``), each running ``workers`` processes.
     """
 
     input_tokens: Any = 256
@@ -219,6 +223,8 @@ class Workload:
     mix: tuple[RequestType, ...] = ()
     trials: int | None = None
     workers: int = 1
+    ray_address: str | None = None
+    ray_workers: int | None = None
     timeout_s: float = 300.0
     drain_s: float | None = None
     name: str | None = None
@@ -338,6 +344,12 @@ class Workload:
             raise WorkloadError(f"trials must be a positive integer, got {self.trials!r}")
         if not (isinstance(self.workers, int) and self.workers >= 1):
             raise WorkloadError(f"workers must be a positive integer, got {self.workers!r}")
+        if self.ray_address is not None and not (isinstance(self.ray_address, str) and self.ray_address.strip()):
+            raise WorkloadError(f"ray_address must be 'auto', 'ray://host:port' or 'host:port', got {self.ray_address!r}")
+        if self.ray_workers is not None and not (
+            isinstance(self.ray_workers, int) and not isinstance(self.ray_workers, bool) and self.ray_workers >= 1
+        ):
+            raise WorkloadError(f"ray_workers must be a positive integer, got {self.ray_workers!r}")
         if not (_is_number(self.timeout_s) and self.timeout_s > 0):
             raise WorkloadError(f"timeout_s must be positive, got {self.timeout_s!r}")
         if self.drain_s is not None and not (_is_number(self.drain_s) and self.drain_s >= 0):
@@ -425,10 +437,11 @@ class Workload:
         return cls(**_checked_keys(data, cls, source))
 
     def content_hash(self) -> str:
-        """Hash of the traffic's *distribution* for fingerprints: not names, trial counts, workers or
-        the seed (two seeds draw two samples of the same traffic, which is what an A/A run is)."""
+        """Hash of the traffic's *distribution* for fingerprints: not names, trial counts, where the
+        load is sent from (workers, Ray) or the seed (two seeds draw two samples of the same
+        traffic, which is what an A/A run is)."""
         data = self.to_dict()
-        for key in ("name", "trials", "workers", "seed"):
+        for key in ("name", "trials", "workers", "ray_address", "ray_workers", "seed"):
             data.pop(key, None)
         blob = json.dumps(data, sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:16]

@@ -2,14 +2,29 @@
 
 from __future__ import annotations
 
+import math
+import threading
+
 import pytest
 
+from pytest_llmperf.load import columnar
 from pytest_llmperf.load.loadgen import LoadOutcome
 from pytest_llmperf.load.runner import Runner
 from pytest_llmperf.load.workers import merge_outcomes, worker_shares
-from pytest_llmperf.records import RequestRecord
+from pytest_llmperf.records import PHASE_WARMUP, RequestRecord
 from pytest_llmperf.sim import SimConfig, start_in_thread
 from pytest_llmperf.workload import Workload
+
+
+@pytest.fixture(autouse=True)
+def no_fork_of_a_threaded_process(recwarn):
+    """Forking a process that runs threads can deadlock the child; Python 3.12+ warns "This
+    process ... is multi-threaded, use of fork() may lead to deadlocks in the child". Workers must
+    start without that hazard, so the warning fails the test. (A filterwarnings "error" mark
+    cannot do it: CPython swallows an exception raised by this warning inside os.fork.)"""
+    yield
+    forks = [str(w.message) for w in recwarn if "use of fork() may lead to deadlocks" in str(w.message)]
+    assert not forks, forks
 
 
 @pytest.fixture(scope="module")
@@ -80,3 +95,48 @@ def test_merge_keeps_schedule_order_and_global_window():
     assert [r.index for r in merged.records] == [0, 1, 2, 3]
     assert (merged.measure_start_s, merged.arrivals_end_s, merged.end_s) == (0.0, 3.0, 4.0)
     assert merged.cancelled == 2 and merged.loop_lag_max_s == pytest.approx(0.001)
+
+
+def test_workers_start_without_forking_a_threaded_process():
+    from pytest_llmperf.load.prompts import PromptFactory, estimated_model
+    from pytest_llmperf.load.workers import WorkerError, start_method
+
+    factory = PromptFactory(Workload(rate_rps=1, num_requests=1), estimated_model("chat"))
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait)
+    thread.start()
+    try:
+        # The Runner's builder pickles: workers start from the forkserver (or spawn), never fork.
+        assert start_method(factory.make) in ("forkserver", "spawn")
+        # One that cannot be pickled is refused while another thread runs, naming the fix.
+        with pytest.raises(WorkerError, match="picklable prompt builder.*module-level functions or bound methods"):
+            start_method(lambda i, phase: factory.make(i, phase))
+    finally:
+        stop.set()
+        thread.join()
+
+
+def test_large_worker_results_arrive_whole(sim):
+    # Results over the pipe's 16 KiB single-write size arrive in two writes; the parent must wait
+    # for the second (the event loop makes the fd non-blocking).
+    w = Workload(input_tokens=16, output_tokens=64, rate_rps=200, arrival="constant", num_requests=400, seed=5)
+    result = _run(sim, w, 2)
+    assert result.summary.requests == 400 and result.summary.completed == 400
+
+
+def test_records_travel_columnar_and_come_back_equal():
+    records = [
+        RequestRecord(index=0, phase=PHASE_WARMUP, scheduled_s=0.0, sent_s=0.0001, headers_s=0.002, end_s=0.05,
+                      first_token_s=0.01, first_visible_s=0.012, chunk_times_s=[0.01, 0.02, 0.05],
+                      chunk_tokens=[1.0, 2.0, 1.5], prompt_tokens=64, output_tokens=4, reasoning_tokens=0,
+                      cached_tokens=None, ok=True, status_code=200, server_chunk_times_s=[0.009, 0.019]),
+        RequestRecord(index=1, request_type="long", scheduled_s=0.025, sent_s=0.0251, token_source="counted",
+                      error_kind="http_5xx", error_detail="HTTP 503: overloaded", status_code=503),
+        RequestRecord(index=2, scheduled_s=0.05, sent_s=0.05, end_s=math.pi, ok=True, server_chunk_times_s=[]),
+    ]
+    assert set(columnar.FIELDS) == set(RequestRecord.__slots__), "a new record field needs a column"
+    packed = columnar.encode(records)
+    assert columnar.decode(packed) == records
+    assert columnar.decode(columnar.encode([])) == []
+    # Compact: one array per field, not an object per chunk.
+    assert packed["chunk_times_s"][1].dtype.name == "float64" and len(packed["chunk_times_s"][1]) == 3

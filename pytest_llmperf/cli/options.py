@@ -91,7 +91,9 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("trials", "default number of trials per workload (a trial is a full run)", None, _positive_int),
     OptionSpec("strict", "fail INCONCLUSIVE comparisons and tests with no baseline", False, flag=True),
     OptionSpec("allow-diff", "comma-separated fingerprint fields allowed to differ from the baseline"),
-    OptionSpec("workers", "load-generator processes per workload", 1, _positive_int),
+    OptionSpec("workers", "load-generator processes per workload (per Ray worker with --llmperf-ray-address)", 1, _positive_int),
+    OptionSpec("ray-address", "send the load from a Ray cluster: auto, ray://HOST:10001 or HOST:6379 (needs pytest-llmperf[ray])"),
+    OptionSpec("ray-workers", "Ray load workers (actors, spread over the nodes); default: one per node", None, _positive_int),
 )
 
 

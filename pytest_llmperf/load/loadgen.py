@@ -76,6 +76,9 @@ class LoadOutcome:
     cancelled: int
     # Why the run ended before its bounds (e.g. the overload guard), None when it ran its course.
     stopped: str | None = None
+    # When the schedule actually started (clock time); later than ``start_at_s`` if the generator
+    # was not running by then, which shifts every scheduled send.
+    start_s: float | None = None
 
     @property
     def window_s(self) -> tuple[float, float]:
@@ -378,8 +381,10 @@ class LoadGenerator:
         monitor = _LoopLagMonitor()
         helpers = [asyncio.create_task(monitor.run())]
         start_s = self.clock() if self.start_at_s is None else max(self.start_at_s, self.clock())
-        if not w.open_loop and start_s > self.clock():
-            await asyncio.sleep(start_s - self.clock())  # closed loop: slots open together
+        while not w.open_loop and start_s > self.clock():
+            # Closed loop: slots open together, not before the instant (a timer may fire a little
+            # early, and a request sent before the start would count as warm-up).
+            await asyncio.sleep(start_s - self.clock())
         if self.progress is not None:
             helpers.append(asyncio.create_task(self._report_progress(start_s)))
         if self.overload is not None and w.open_loop:
@@ -428,6 +433,7 @@ class LoadGenerator:
             loop_lag_p99_s=lag_p99,
             cancelled=cancelled,
             stopped=self.stopped,
+            start_s=start_s,
         )
 
     async def _cancel_in_flight(self, arrivals: asyncio.Task | None) -> int:

@@ -21,7 +21,7 @@ import numpy as np
 
 from pytest_llmperf.cache_check import verify as verify_cache
 from pytest_llmperf.cache_check import verify_conversation, verify_hit_rate
-from pytest_llmperf.errors import LLMPerfError
+from pytest_llmperf.errors import InputError, LLMPerfError
 from pytest_llmperf.load.client import StreamingClient
 from pytest_llmperf.load.conversations import ConversationLoad
 from pytest_llmperf.load.loadgen import LoadGenerator, LoadOutcome, OverloadGuard, Progress, run_sync
@@ -38,7 +38,7 @@ from pytest_llmperf.load.traffic import DatasetTraffic, TraceTraffic, load_datas
 from pytest_llmperf.load.workers import ClientSpec, run_in_workers
 from pytest_llmperf.metrics import summarize
 from pytest_llmperf.records import PreparedRequest, RequestRecord
-from pytest_llmperf.results import RunResult, TrialResult, pooled_summary
+from pytest_llmperf.results import RunResult, TrialResult, pooled_summary, with_invalid_reasons
 from pytest_llmperf.telemetry import TelemetrySampler
 from pytest_llmperf.traffic.datasets import read_dataset
 from pytest_llmperf.traffic.traces import scan as scan_trace
@@ -75,6 +75,8 @@ class Runner:
         use_uvloop: bool | None = None,
         overload: OverloadGuard | None = None,
         rerun_invalid: bool = True,
+        ray_address: str | None = None,
+        ray_workers: int | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
@@ -94,6 +96,17 @@ class Runner:
         if workers is not None and not (isinstance(workers, int) and not isinstance(workers, bool) and workers >= 1):
             raise ValueError(f"workers must be a positive integer, got {workers!r}")
         self.workers = workers
+        # Load from a Ray cluster (None: the workload's own ``ray_address``); see ray_load.py.
+        if ray_address is not None:
+            from pytest_llmperf.load import ray_load
+
+            ray_address = ray_load.check_address(ray_address)
+            ray_load.require_ray()  # a missing extra fails here, before anything runs
+        if ray_workers is not None and not (isinstance(ray_workers, int) and not isinstance(ray_workers, bool)
+                                            and ray_workers >= 1):
+            raise InputError(f"ray_workers must be a positive integer, got {ray_workers!r}", option="ray-workers")
+        self.ray_address = ray_address
+        self.ray_workers = ray_workers
         # None: uvloop when installed (cheaper per chunk), True: required, False: never.
         self.use_uvloop = use_uvloop
         # Ends open-loop trials early when the backlog grows without bound (capacity search).
@@ -115,6 +128,12 @@ class Runner:
             scan_trace(workload.trace)  # a bad line fails here, before any load
         if workload.dataset is not None:
             read_dataset(workload.dataset, workload.seed)
+        ray_address = self._ray_address(workload)
+        if ray_address is not None:
+            from pytest_llmperf.load import ray_load
+
+            # An unreachable cluster or a version mismatch fails here, before any request is sent.
+            ray_load.connect(ray_address)
         model = await self._resolve_model()
         # The calibration probes obey the workload's request timeout: a stalling server must not
         # hold the run for a fixed 30 s per probe before any load is sent.
@@ -158,6 +177,12 @@ class Runner:
             return None  # the file decides what repeats; there is no cold/warm claim to check
         return verify_cache(workload.cache, telemetry, records,
                             template_tokens=max(0.0, token_model.overhead) if workload.api == "chat" else 0.0)
+    def _ray_address(self, workload: Workload) -> str | None:
+        address = self.ray_address or workload.ray_address
+        if address is None and (self.ray_workers or workload.ray_workers):
+            raise InputError("ray_workers needs a Ray cluster address ('auto', 'ray://host:10001' or 'host:6379')",
+                             option="ray-address")
+        return address
 
     def _client(self, origin_s: float, workload: Workload | None = None,
                 timeout_s: float | None = None) -> StreamingClient:
@@ -258,6 +283,11 @@ class Runner:
         n_workers = self.workers or workload.workers
         if schedule is not None:
             n_workers = 1  # a streamed trace is read by one process
+        ray_address = self._ray_address(workload)
+        if schedule is not None and ray_address is not None:
+            raise InputError("trace replay and conversations are sent by one process; they do not run on Ray "
+                             "(drop the Ray address for this workload)")
+        distributed = None
         async with self._client(origin, workload) as client:
             client.model = model
             generator = LoadGenerator(
@@ -274,23 +304,37 @@ class Runner:
                 sampler = TelemetrySampler(self.metrics_url, interval_s=1.0, origin_s=origin)
                 await sampler.start()
             try:
-                if n_workers > 1:
-                    spec = ClientSpec(self.base_url, model, self._api_key, client.timeout_s,
-                                      client.max_connections, self.use_uvloop)
+                spec = ClientSpec(self.base_url, model, self._api_key, client.timeout_s,
+                                  client.max_connections, self.use_uvloop)
+                if ray_address is not None:
+                    from pytest_llmperf.load.ray_load import run_on_ray
+
+                    outcome, sent, ray_run = await run_on_ray(
+                        workload, factory.make, spec, address=ray_address,
+                        ray_workers=self.ray_workers or workload.ray_workers, local_workers=n_workers,
+                        origin_s=origin, overload=self.overload)
+                    expected.update(sent)
+                    distributed = ray_run.to_dict()
+                elif n_workers > 1:
+                    # The factory's bound method, not ``make``: worker processes start from a
+                    # fresh interpreter (forkserver/spawn) and need a picklable builder.
                     outcome, sent = await run_in_workers(
-                        workload, make, spec, n_workers, origin_s=origin, overload=self.overload,
+                        workload, factory.make, spec, n_workers, origin_s=origin, overload=self.overload,
                         progress=self.progress, progress_interval_s=self.progress_interval_s)
                     expected.update(sent)
                 else:
                     outcome = await generator.run()
             finally:
                 telemetry = (await sampler.stop()).to_dict() if sampler is not None else None
-        return self._trial_result(index, outcome, slo, started_at, origin, expected, telemetry)
+        return self._trial_result(index, outcome, slo, started_at, origin, expected, telemetry, distributed)
 
     def _trial_result(self, index: int, outcome: LoadOutcome, slo: SLO | None, started_at: str, origin: float,
-                      expected: dict[int, int | None], telemetry: dict[str, Any] | None) -> TrialResult:
+                      expected: dict[int, int | None], telemetry: dict[str, Any] | None,
+                      distributed: dict[str, Any] | None = None) -> TrialResult:
         summary = summarize(outcome.records, slo=slo, window_s=outcome.window_s,
                             loop_lag_p99_s=outcome.loop_lag_p99_s)
+        invalid = list(distributed["reasons"]) if distributed else []
+        summary = with_invalid_reasons(summary, invalid)
         trial = TrialResult(
             index=index,
             records=outcome.records,
@@ -302,6 +346,8 @@ class Runner:
             wall_s=time.perf_counter() - origin,
             expected_prompt_tokens=[expected.get(r.index) for r in outcome.records],
             telemetry=telemetry,
+            distributed=distributed,
+            invalid_reasons=invalid,
         )
         return trial
 

@@ -15,10 +15,19 @@ macOS, so every worker stamps its records relative to the parent's origin and th
 records need no conversion. The merged :class:`~pytest_llmperf.load.loadgen.LoadOutcome` yields the
 same Summary as one process would have measured (tests/test_workers.py).
 
-Workers start with ``fork`` where the platform has it (no pickling of the prompt builder, about
-a millisecond to start); elsewhere with ``spawn``, which needs a picklable prompt builder. For
-load beyond one machine see docs/performance.md (several pytest-llmperf load workers under Ray
-or Locust, merged the same way).
+Starting processes safely: forking a process that runs threads (the simulator in a thread, Ray's
+or telemetry's threads) can deadlock the child on a lock some thread held at the fork, and
+Python 3.12+ warns about it. Workers therefore start with ``forkserver`` (Python 3.14's default on
+Linux; the server is a fresh interpreter that preloads this module, and each worker is forked from
+that single-threaded server) or ``spawn`` where forkserver does not exist; both need a picklable
+prompt builder (the Runner passes its ``PromptFactory.make``). Only a builder that cannot be
+pickled falls back to ``fork``, and only while this process runs no other thread.
+
+Each worker reports ``ready`` once started; when all are, the parent sends the shared start
+instant, so no fixed lead has to cover an interpreter start-up. Records come back in the compact
+columnar form of :mod:`pytest_llmperf.load.columnar`. The same per-worker job runs on Ray nodes
+for load beyond one machine (:mod:`pytest_llmperf.load.ray_load`): ``group`` places one machine's
+workers in the cluster-wide split.
 """
 
 from __future__ import annotations
@@ -27,11 +36,15 @@ import asyncio
 import dataclasses
 import multiprocessing
 import multiprocessing.connection
+import os
+import pickle
+import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pytest_llmperf.errors import LLMPerfError
+from pytest_llmperf.load import columnar
 from pytest_llmperf.load.client import StreamingClient
 from pytest_llmperf.load.loadgen import LoadGenerator, LoadOutcome, OverloadGuard, Progress, run_sync
 from pytest_llmperf.records import PHASE_MEASURE, PHASE_WARMUP, PreparedRequest
@@ -41,10 +54,11 @@ if TYPE_CHECKING:
 
     from pytest_llmperf.workload import Workload
 
-# Time the parent leaves between starting the workers and the shared start instant: enough for
-# a forked worker to open its event loop (a spawned one re-imports, hence the larger lead).
-_LEAD_FORK_S = 0.3
-_LEAD_SPAWN_S = 3.0
+# Time between the last worker reporting ready and the shared start instant: the workers only
+# have to open their event loop and client by then.
+_LEAD_S = 0.15
+# How long the parent waits for every worker to report ready (a spawned one re-imports).
+_READY_TIMEOUT_S = 120.0
 
 
 class WorkerError(LLMPerfError, RuntimeError):
@@ -91,6 +105,35 @@ def _share(total: int, n: int, k: int) -> int:
     return base + (1 if k < extra else 0)
 
 
+def start_method(make: Callable[[int, str], PreparedRequest]) -> str:
+    """How worker processes start: ``forkserver`` where it exists, else ``spawn`` (both need a
+    picklable prompt builder); ``fork`` only for a builder that cannot be pickled, and only while
+    this process has no other thread (a fork taken then cannot inherit a held lock)."""
+    methods = multiprocessing.get_all_start_methods()
+    try:
+        pickle.dumps(make)
+    except Exception as exc:  # noqa: BLE001 - any pickling failure means the same thing here
+        if "fork" in methods and threading.active_count() == 1:
+            return "fork"
+        raise WorkerError(
+            f"worker processes need a picklable prompt builder ({type(exc).__name__}: {exc}); this process "
+            "runs threads, so forking it is unsafe. Give callables such as length_fields as module-level "
+            "functions or bound methods"
+        ) from None
+    return "forkserver" if "forkserver" in methods else "spawn"
+
+
+def warm_forkserver() -> None:
+    """Start the forkserver now (a fresh interpreter importing the load stack once), so workers
+    started later fork from it in milliseconds. No-op where forkserver does not exist."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return
+    from multiprocessing import forkserver
+
+    multiprocessing.get_context("forkserver").set_forkserver_preload(["pytest_llmperf.load.workers"])
+    forkserver.ensure_running()
+
+
 async def run_in_workers(
     workload: Workload,
     make: Callable[[int, str], PreparedRequest],
@@ -101,33 +144,49 @@ async def run_in_workers(
     progress: Callable[[Progress], None] | None = None,
     progress_interval_s: float = 2.0,
     overload: OverloadGuard | None = None,
+    start_at_s: float | None = None,
+    group: tuple[int, int] = (0, 1),
 ) -> tuple[LoadOutcome, dict[int, int | None]]:
     """Run one trial of ``workload`` from ``workers`` processes; merge their outcomes.
 
-    ``origin_s`` is the ``time.perf_counter()`` value every record is relative to. Returns the
-    merged outcome and, per request index, the prompt length the builder aimed for.
+    ``origin_s`` is the ``time.perf_counter()`` value every record is relative to. ``start_at_s``
+    (relative to the origin) fixes the shared start instant; None starts ``_LEAD_S`` after every
+    worker is ready. ``group=(g, G)``: these workers are group ``g`` of ``G`` equal groups (one
+    per machine) splitting an open-loop schedule, so worker ``k`` sends the arrivals with
+    ``index % (G * workers) == g * workers + k``; a closed-loop ``workload`` is already the
+    group's share. Returns the merged outcome and, per request index, the prompt length the
+    builder aimed for.
     """
     shares = worker_shares(workload, workers)
     n = len(shares)
-    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    group_index, groups = group
+    method = start_method(make)
     ctx = multiprocessing.get_context(method)
-    lead = _LEAD_FORK_S if method == "fork" else _LEAD_SPAWN_S
-    start_at_s = time.perf_counter() - origin_s + lead
+    if method == "forkserver":
+        warm_forkserver()
     per_worker_conns = max(1, -(-client.max_connections // n))
     spec = dataclasses.replace(client, max_connections=per_worker_conns)
-    pipes, procs = [], []
-    for k, share in enumerate(shares):
-        parent_end, child_end = ctx.Pipe(duplex=False)
-        job = _Job(k, n, share, spec, origin_s, start_at_s, progress_interval_s, progress is not None, overload)
-        proc = ctx.Process(target=_worker_main, args=(child_end, job, make), name=f"llmperf-worker-{k}",  # type: ignore[attr-defined]
-                           daemon=True)
-        proc.start()
-        child_end.close()
-        pipes.append(parent_end)
-        procs.append(proc)
+    # Two one-way pipes per worker: its messages (read on the event loop, which makes the fd
+    # non-blocking) and the start instant (written once).
+    pipes, starts, procs = [], [], []
     try:
-        results = await _collect(pipes, procs, progress)
+        for k, share in enumerate(shares):
+            parent_end, child_end = ctx.Pipe(duplex=False)
+            start_r, start_w = ctx.Pipe(duplex=False)
+            job = _Job(group_index * n + k, groups * n, share, spec, origin_s, 0.0, progress_interval_s,
+                       progress is not None, overload)
+            proc = ctx.Process(target=_worker_main, args=(child_end, start_r, job, make),  # type: ignore[attr-defined]
+                               name=f"llmperf-worker-{k}", daemon=True)
+            proc.start()
+            child_end.close()
+            start_r.close()
+            pipes.append(parent_end)
+            starts.append(start_w)
+            procs.append(proc)
+        results = await _collect(pipes, starts, procs, progress, origin_s, start_at_s)
     finally:
+        for conn in starts:
+            conn.close()  # a worker still waiting for its start sees EOF and exits
         for proc in procs:
             proc.join(timeout=5)
             if proc.is_alive():
@@ -156,30 +215,59 @@ def merge_outcomes(outcomes: list[LoadOutcome]) -> LoadOutcome:
         loop_lag_max_s=max(o.loop_lag_max_s for o in outcomes),
         loop_lag_p99_s=max(o.loop_lag_p99_s for o in outcomes),
         cancelled=sum(o.cancelled for o in outcomes),
+        # The latest worker's start: a worker that started late shifted its part of the schedule.
+        start_s=max((o.start_s for o in outcomes if o.start_s is not None), default=None),
     )
 
 
-async def _collect(pipes: list[Any], procs: list[Any],
-                   progress: Callable[[Progress], None] | None) -> list[tuple[LoadOutcome, dict[int, int | None]]]:
-    """Read every worker's messages without blocking the parent's loop (telemetry runs there)."""
+def pack_outcome(outcome: LoadOutcome, expected: dict[int, int | None]) -> dict[str, Any]:
+    """An outcome and the builder's prompt lengths as plain, compact data (records columnar)."""
+    meta = {f.name: getattr(outcome, f.name) for f in dataclasses.fields(outcome) if f.name != "records"}
+    return {"records": columnar.encode(outcome.records), "meta": meta,
+            "expected": (list(expected), [-1 if v is None else v for v in expected.values()])}
+
+
+def unpack_outcome(packed: dict[str, Any]) -> tuple[LoadOutcome, dict[int, int | None]]:
+    outcome = LoadOutcome(records=columnar.decode(packed["records"]), **packed["meta"])
+    keys, values = packed["expected"]
+    return outcome, {int(k): (None if v < 0 else int(v)) for k, v in zip(keys, values)}
+
+
+async def _collect(pipes: list[Any], starts: list[Any], procs: list[Any], progress: Callable[[Progress], None] | None,
+                   origin_s: float, start_at_s: float | None) -> list[tuple[LoadOutcome, dict[int, int | None]]]:
+    """Start the workers together, then read their messages without blocking the parent's loop
+    (telemetry runs there)."""
     loop = asyncio.get_running_loop()
     done: dict[int, tuple[LoadOutcome, dict[int, int | None]]] = {}
+    ready: set[int] = set()
     latest: dict[int, Progress] = {}
     errors: list[str] = []
     finished = loop.create_future()
 
+    def start_all() -> None:
+        at = start_at_s if start_at_s is not None else time.perf_counter() - origin_s + _LEAD_S
+        for conn in starts:
+            conn.send(("start", at))
+
     def on_readable(k: int) -> None:
         pipe = pipes[k]
         try:
+            # The loop's add_reader may have made the fd non-blocking (uvloop does); a message
+            # over 16 KiB arrives as two writes, and its second part must be waited for.
+            os.set_blocking(pipe.fileno(), True)
             while pipe.poll():
                 message = pipe.recv()
                 kind = message[0]
-                if kind == "progress":
+                if kind == "ready":
+                    ready.add(k)
+                    if len(ready) == len(pipes):
+                        start_all()
+                elif kind == "progress":
                     latest[k] = message[1]
                     if progress is not None and len(latest) == len(pipes):
                         progress(_sum_progress(list(latest.values())))
                 elif kind == "done":
-                    done[k] = (message[1], message[2])
+                    done[k] = unpack_outcome(message[1])
                     loop.remove_reader(pipe.fileno())
                 elif kind == "error":
                     errors.append(f"worker {k}: {message[1]}")
@@ -187,15 +275,24 @@ async def _collect(pipes: list[Any], procs: list[Any],
         except (EOFError, OSError):
             loop.remove_reader(pipe.fileno())
             if k not in done:
-                code = procs[k].exitcode
-                errors.append(f"worker {k} exited without a result (exit code {code})")
+                procs[k].join(timeout=1)
+                hint = "" if k in ready else (
+                    " before it was ready (a worker started by forkserver or spawn imports the main script again: "
+                    "a script must run its code under `if __name__ == '__main__':`)")
+                errors.append(f"worker {k} exited without a result (exit code {procs[k].exitcode}){hint}")
         if len(done) + len(errors) >= len(pipes) and not finished.done():
             finished.set_result(None)
 
     for k, pipe in enumerate(pipes):
         loop.add_reader(pipe.fileno(), on_readable, k)
     try:
-        await finished
+        try:
+            await asyncio.wait_for(asyncio.shield(finished), timeout=_READY_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            if len(ready) < len(pipes):
+                raise WorkerError(f"only {len(ready)} of {len(pipes)} worker processes started within "
+                                  f"{_READY_TIMEOUT_S:.0f} s") from None
+            await finished
     finally:
         for pipe in pipes:
             try:
@@ -237,12 +334,25 @@ class _Job:
     overload: OverloadGuard | None = None
 
 
-def _worker_main(pipe: Any, job: _Job, make: Callable[[int, str], PreparedRequest]) -> None:
+def _worker_main(pipe: Any, start: Any, job: _Job, make: Callable[[int, str], PreparedRequest]) -> None:
     # A forked child inherits the parent's "running loop" marker; it must start its own loop.
     asyncio.events._set_running_loop(None)
     try:
-        outcome, expected = run_sync(_worker_run(pipe, job, make), use_uvloop=job.client.use_uvloop)
-        pipe.send(("done", outcome, expected))
+        pipe.send(("ready",))
+        try:
+            message = start.recv()
+        except EOFError:  # the parent gave up before the start
+            return
+        finally:
+            start.close()
+        job = dataclasses.replace(job, start_at_s=message[1])
+
+        def report(p: Progress) -> None:
+            pipe.send(("progress", p))
+
+        outcome, expected = run_sync(worker_run(job, make, report if job.report_progress else None),
+                                     use_uvloop=job.client.use_uvloop)
+        pipe.send(("done", pack_outcome(outcome, expected)))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises
         try:
             pipe.send(("error", f"{type(exc).__name__}: {exc}"))
@@ -252,8 +362,11 @@ def _worker_main(pipe: Any, job: _Job, make: Callable[[int, str], PreparedReques
         pipe.close()
 
 
-async def _worker_run(pipe: Any, job: _Job, make: Callable[[int, str], PreparedRequest]
-                      ) -> tuple[LoadOutcome, dict[int, int | None]]:
+async def worker_run(job: _Job, make: Callable[[int, str], PreparedRequest],
+                     report: Callable[[Progress], None] | None = None,
+                     ) -> tuple[LoadOutcome, dict[int, int | None]]:
+    """One worker's share of the trial, on this process's event loop: the per-worker job that
+    local worker processes and Ray load workers both run."""
     origin = job.origin_s
     expected: dict[int, int | None] = {}
 
@@ -262,9 +375,6 @@ async def _worker_run(pipe: Any, job: _Job, make: Callable[[int, str], PreparedR
         expected[index] = request.prompt_tokens_expected
         return request
 
-    def report(p: Progress) -> None:
-        pipe.send(("progress", p))
-
     spec = job.client
     open_loop = job.workload.open_loop
     async with StreamingClient(spec.base_url, model=spec.model, api_key=spec.api_key, timeout_s=spec.timeout_s,
@@ -272,7 +382,7 @@ async def _worker_run(pipe: Any, job: _Job, make: Callable[[int, str], PreparedR
         generator = LoadGenerator(
             job.workload, make_recorded, client.send,
             clock=lambda: time.perf_counter() - origin,
-            progress=report if job.report_progress else None,
+            progress=report,
             progress_interval_s=job.progress_interval_s,
             prepare=client.encode,
             start_at_s=job.start_at_s,
@@ -284,7 +394,8 @@ async def _worker_run(pipe: Any, job: _Job, make: Callable[[int, str], PreparedR
     return outcome, expected
 
 
-__all__ = ["ClientSpec", "WorkerError", "merge_outcomes", "run_in_workers", "worker_shares"]
+__all__ = ["ClientSpec", "WorkerError", "merge_outcomes", "pack_outcome", "run_in_workers", "start_method",
+           "unpack_outcome", "warm_forkserver", "worker_run", "worker_shares"]
 
 
 def _share_filter(index: int, count: int) -> Callable[[int], bool]:

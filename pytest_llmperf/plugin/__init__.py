@@ -8,6 +8,7 @@ collected test uses ``llmperf``/``llm_server`` or carries ``@slo``.
 
 from __future__ import annotations
 
+import importlib.util
 from typing import TYPE_CHECKING
 
 import pytest
@@ -61,8 +62,18 @@ def pytest_configure(config: pytest.Config) -> None:
         api_key_from_env(options.api_key_env, "--llmperf-api-key-env")  # fail before collecting
     except OptionError as exc:
         raise pytest.UsageError(str(exc)) from None
+    _check_ray(options.ray_address, options.ray_workers)
     config.stash[OPTIONS_KEY] = options
     distributed.configure(config)
+
+
+def _check_ray(address: str | None, workers: int | None) -> None:
+    """Load on Ray needs the optional extra: say so at the start, with the install command."""
+    if workers is not None and not address:
+        raise pytest.UsageError("--llmperf-ray-workers needs --llmperf-ray-address (auto, ray://HOST:10001 or HOST:6379)")
+    if address and importlib.util.find_spec("ray") is None:
+        raise pytest.UsageError(f"--llmperf-ray-address {address}: Ray is not installed here; "
+                                "install it with: pip install 'pytest-llmperf[ray]'")
 
 
 __all__ = [

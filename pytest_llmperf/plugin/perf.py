@@ -77,6 +77,8 @@ class LLMPerf:
             progress=printer,
             progress_interval_s=printer.interval_s,
             workers=opts.workers if opts.workers > 1 else None,
+            ray_address=opts.ray_address,
+            ray_workers=opts.ray_workers,
         )
         try:
             result = runner.run(workload, slo=self.slo, trials=n_trials)
@@ -132,7 +134,8 @@ class LLMPerf:
         printer = self._printer(f"{self._item.name} capacity")
         runner = Runner(server.base_url, model=server.model, api_key=self._session.api_key,
                         length_fields=server.length_fields, progress=printer, rerun_invalid=False,
-                        progress_interval_s=printer.interval_s, workers=opts.workers, overload=OverloadGuard())
+                        progress_interval_s=printer.interval_s, workers=opts.workers, overload=OverloadGuard(),
+                        ray_address=opts.ray_address, ray_workers=opts.ray_workers)
         try:
             result = search(workload, lambda w: runner.run(w, slo=self.slo), plan)
         finally:

@@ -35,6 +35,8 @@ def run_result_to_dict(result: Any, *, include_records: bool = True) -> dict[str
                 "loop_lag_p99_s": t.loop_lag_p99_s,
                 "summary": t.summary.to_dict(),
                 "telemetry": t.telemetry,
+                # Load from several machines: nodes, clock offsets to the driver, missing shares.
+                **({"distributed": t.distributed} if t.distributed is not None else {}),
                 **({"records": [r.to_dict() for r in t.records]} if include_records else {}),
             }
             for t in result.trials
