@@ -91,6 +91,8 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("strict", "fail INCONCLUSIVE comparisons and tests with no baseline", False, flag=True),
     OptionSpec("allow-diff", "comma-separated fingerprint fields allowed to differ from the baseline"),
     OptionSpec("workers", "load-generator processes per workload", 1, _positive_int),
+    OptionSpec("throttle", "a trial whose local GPU throttled for heat or power: invalid (not gated, the default) "
+               "or warn (gated, with a warning)", "invalid", choices=("invalid", "warn")),
 )
 
 

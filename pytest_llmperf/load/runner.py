@@ -33,8 +33,15 @@ from pytest_llmperf.load.prompts import (
 from pytest_llmperf.load.workers import ClientSpec, run_in_workers
 from pytest_llmperf.metrics import summarize
 from pytest_llmperf.records import PreparedRequest, RequestRecord
-from pytest_llmperf.results import RunResult, TrialResult, pooled_summary
-from pytest_llmperf.telemetry import TelemetrySampler
+from pytest_llmperf.results import (
+    THROTTLE_POLICIES,
+    RunResult,
+    TrialResult,
+    generated_tokens,
+    pooled_summary,
+    with_gpu,
+)
+from pytest_llmperf.telemetry import GpuSampler, TelemetrySampler
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -66,6 +73,9 @@ class Runner:
         workers: int | None = None,
         use_uvloop: bool | None = None,
         overload: OverloadGuard | None = None,
+        gpu_telemetry: bool = False,
+        throttle: str = "invalid",
+        gpu_interval_s: float = 0.5,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
@@ -89,6 +99,14 @@ class Runner:
         self.use_uvloop = use_uvloop
         # Ends open-loop trials early when the backlog grows without bound (capacity search).
         self.overload = overload
+        # Sample this machine's GPUs (NVML) during every trial: for a server launched here. Without
+        # NVML or a GPU the trial's ``gpu`` says why and nothing else changes.
+        self.gpu_telemetry = gpu_telemetry
+        if throttle not in THROTTLE_POLICIES:
+            raise ValueError(f"throttle must be one of {', '.join(THROTTLE_POLICIES)}, got {throttle!r}")
+        # A trial whose GPU throttled for heat or power: "invalid" (not gated) or "warn".
+        self.throttle = throttle
+        self.gpu_interval_s = gpu_interval_s
         self._token_models: dict[str, TokenModel] = {}
 
     def __repr__(self) -> str:  # never show the key
@@ -111,7 +129,7 @@ class Runner:
             model=model,
             base_url=self.base_url,
             trials=results,
-            summary=pooled_summary(results, slo),
+            summary=pooled_summary(results, slo, throttle=self.throttle),
             token_model=token_model.to_dict(),
             slo=slo,
             label=workload.label(),
@@ -217,6 +235,10 @@ class Runner:
             if self.metrics_url:
                 sampler = TelemetrySampler(self.metrics_url, interval_s=1.0, origin_s=origin)
                 await sampler.start()
+            gpu_sampler = None
+            if self.gpu_telemetry:
+                gpu_sampler = GpuSampler(interval_s=self.gpu_interval_s)
+                gpu_sampler.start()
             try:
                 if n_workers > 1:
                     spec = ClientSpec(self.base_url, model, self._api_key, client.timeout_s,
@@ -229,8 +251,10 @@ class Runner:
                     outcome = await generator.run()
             finally:
                 telemetry = (await sampler.stop()).to_dict() if sampler is not None else None
+                gpu = gpu_sampler.stop().to_dict() if gpu_sampler is not None else None
         summary = summarize(outcome.records, slo=slo, window_s=outcome.window_s,
                             loop_lag_p99_s=outcome.loop_lag_p99_s)
+        summary = with_gpu(summary, gpu, generated_tokens(outcome.records), self.throttle)
         trial = TrialResult(
             index=index,
             records=outcome.records,
@@ -242,5 +266,6 @@ class Runner:
             wall_s=time.perf_counter() - origin,
             expected_prompt_tokens=[expected.get(r.index) for r in outcome.records],
             telemetry=telemetry,
+            gpu=gpu,
         )
         return trial

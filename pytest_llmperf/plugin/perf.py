@@ -77,6 +77,9 @@ class LLMPerf:
             progress=printer,
             progress_interval_s=printer.interval_s,
             workers=opts.workers if opts.workers > 1 else None,
+            # A server launched here runs on this machine's GPUs: watch them (NVML) in every trial.
+            gpu_telemetry=server.launched,
+            throttle=opts.throttle,
         )
         try:
             result = runner.run(workload, slo=self.slo, trials=n_trials)
@@ -100,7 +103,7 @@ class LLMPerf:
         self._record_properties(result)
         self._session.slo_checks[key] = list(result.slo_checks)
         fingerprint = fingerprint_for(result.workload, result.model, result.slo, server,
-                                      extra=self._session.fingerprint_extra(server))
+                                      extra=self._session.fingerprint_extra(server), gpu=self._session.gpu_info())
         self._judge(key, run_entry(result, fingerprint))
         return result
 
@@ -142,7 +145,7 @@ class LLMPerf:
         prefix = "llmperf.capacity" if n == 1 else f"llmperf.capacity{n}"
         self._item.user_properties.append((f"{prefix}_rps", result.capacity_rps))
         fingerprint = fingerprint_for(workload, server.model, self.slo, server,
-                                      extra=self._session.fingerprint_extra(server))
+                                      extra=self._session.fingerprint_extra(server), gpu=self._session.gpu_info())
         entry = capacity_entry(result, fingerprint, f"capacity {workload.label()}", slo=self.slo)
         self._judge(f"{self._item.nodeid}#capacity{n - 1}", entry)
         return result

@@ -35,6 +35,7 @@ def run_result_to_dict(result: Any, *, include_records: bool = True) -> dict[str
                 "loop_lag_p99_s": t.loop_lag_p99_s,
                 "summary": t.summary.to_dict(),
                 "telemetry": t.telemetry,
+                "gpu": t.gpu,
                 **({"records": [r.to_dict() for r in t.records]} if include_records else {}),
             }
             for t in result.trials
