@@ -18,6 +18,7 @@ import subprocess
 import pytest
 
 from pytest_llmperf.load.prompts import COMMON_WORDS
+from pytest_llmperf.servers import VLLM_CPU, ServerStartError, build_launch, free_port
 from pytest_llmperf.testing import TinyModelError, build_tiny_llama_hf, find_vllm_python
 
 REQUIRED = os.environ.get("LLMPERF_REQUIRE_VLLM", "") not in ("", "0")
@@ -137,6 +138,24 @@ def test_hf_model_loads_with_transformers_and_tokenizes_prompt_words_whole(vllm_
     # the same arguments write the same weights
     again = build_tiny_llama_hf(tiny_model.with_name("again"), python=vllm_python)
     assert (again / "model.safetensors").read_bytes() == (tiny_model / "model.safetensors").read_bytes()
+
+
+@pytest.mark.realengine
+def test_broken_dependency_fails_at_start_with_vllms_words_and_what_to_check(vllm_python, tiny_model, tmp_path):
+    # A transformers that cannot be imported, ahead of the real one on vLLM's path.
+    broken = tmp_path / "site" / "transformers"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ImportError('transformers is broken here (test)')\n")
+    spec = build_launch("vllm", model=str(tiny_model), host="127.0.0.1", port=free_port("127.0.0.1"), extra_args=None,
+                        env={"PYTHONPATH": str(tmp_path / "site")}, environ={"LLMPERF_VLLM_PYTHON": str(vllm_python)})
+    assert spec.preset is VLLM_CPU
+    with pytest.raises(ServerStartError) as info:
+        spec.server_process(tmp_path / "server.log", startup_timeout_s=120, grace_s=5).start()
+    lines = str(info.value).splitlines()
+    assert "during startup" in lines[0]
+    assert any("transformers is broken here (test)" in ln for ln in lines)  # vLLM's own last words
+    assert lines[-1].startswith("  what to check: check that vLLM has a usable device")
+    assert str(vllm_python) in lines[-1]
 
 
 def _outcomes(result, **expected):
