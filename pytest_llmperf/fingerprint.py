@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -128,12 +127,14 @@ class Fingerprint:
         gpu: Mapping[str, Any] | None = None,
         extra: Mapping[str, Any] | None = None,
     ) -> Fingerprint:
-        """Assemble a fingerprint, filling in the plugin version, the workload's content hash and
-        (unless ``gpu`` is given, e.g. for a remote server) the local GPUs from :func:`collect_gpu`.
+        """Assemble a fingerprint, filling in the plugin version and the workload's content hash.
+        ``gpu`` (``gpu_name``, ``gpu_count``, ``gpu_driver``) comes from the caller, which reads
+        the local GPUs (``pytest_llmperf.telemetry.gpu.collect_gpu``) or knows the server is
+        remote; without it the run is recorded as measured with no GPU.
         """
         from pytest_llmperf._version import __version__
 
-        gpu_info = dict(collect_gpu() if gpu is None else gpu)
+        gpu_info = dict(_NO_GPU if gpu is None else gpu)
         return cls(
             engine=engine,
             engine_version=engine_version,
@@ -246,56 +247,3 @@ def matcher(candidate: Fingerprint, allow: Iterable[str] | str = ()) -> Callable
         return not [d for d in _all_diffs(base, candidate) if not _is_allowed(d.field, allowed)]
 
     return match
-
-
-def collect_gpu(nvml: Any = None, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """GPU name, count and driver of this machine via NVML (``pynvml`` from nvidia-ml-py).
-
-    Without NVML (not installed, no driver, no GPU) the answer is name "none", count 0, driver
-    "none". NVML sees every GPU on the box, so ``CUDA_VISIBLE_DEVICES`` (indices or UUIDs) narrows
-    the set to what a locally launched engine would use. Mixed GPU models are joined with " + ".
-    ``nvml`` and ``environ`` exist for tests.
-    """
-    environ = os.environ if environ is None else environ
-    if nvml is None:
-        try:
-            import pynvml as nvml  # type: ignore[no-redef]
-        except Exception:
-            return dict(_NO_GPU)
-    try:
-        nvml.nvmlInit()
-    except Exception:
-        return dict(_NO_GPU)
-    try:
-        driver = _text(nvml.nvmlSystemGetDriverVersion())
-        devices = []
-        for i in range(int(nvml.nvmlDeviceGetCount())):
-            handle = nvml.nvmlDeviceGetHandleByIndex(i)
-            devices.append((str(i), _text(nvml.nvmlDeviceGetUUID(handle)), _text(nvml.nvmlDeviceGetName(handle))))
-    except Exception:
-        return dict(_NO_GPU)
-    finally:
-        try:
-            nvml.nvmlShutdown()
-        except Exception:
-            pass
-    visible = environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        wanted = [v.strip() for v in visible.split(",") if v.strip()]
-        chosen = []
-        for want in wanted:
-            # CUDA stops at the first entry it cannot resolve (e.g. "-1" hides every GPU).
-            hit = next((d for d in devices if want == d[0] or (want.startswith("GPU-") and d[1].startswith(want))), None)
-            if hit is None:
-                break
-            chosen.append(hit)
-        devices = chosen
-    if not devices:
-        return {"gpu_name": "none", "gpu_count": 0, "gpu_driver": driver or "none"}
-    names = sorted({d[2] for d in devices})
-    return {"gpu_name": " + ".join(names), "gpu_count": len(devices), "gpu_driver": driver or "none"}
-
-
-def _text(value: Any) -> str:
-    # Older nvidia-ml-py releases return bytes, newer ones str.
-    return value.decode() if isinstance(value, bytes) else str(value)

@@ -242,6 +242,9 @@ class Summary:
     warmup_requests: int
     request_types: list[str]
     by_type: dict[str, Summary] = field(default_factory=dict)
+    # GPU energy over the run (warm-up included) per output token generated in it, in joules;
+    # None without GPU telemetry (no local GPU, no NVML). See results.with_gpu.
+    energy_per_output_token_j: float | None = None
 
     def distribution(self, metric: str) -> Distribution:
         """The distribution of ``metric`` (``ttft``, ``ttfvt``, ``tpot``, ``itl``, ``e2e``)."""
@@ -266,6 +269,8 @@ class Summary:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Summary:
+        if isinstance(data, Mapping) and "energy_per_output_token_j" not in data:
+            data = {**data, "energy_per_output_token_j": None}  # written before GPU energy existed
         raw = _picked(cls, data, "Summary")
         for name in _DIST_FIELDS:
             raw[name] = Distribution.from_dict(raw[name])
@@ -280,6 +285,7 @@ class Summary:
                      "input_throughput_tps", "output_throughput_tps", "request_throughput_rps",
                      "goodput_rps", "attainment"):
             raw[name] = float(raw[name])
+        raw["energy_per_output_token_j"] = _opt_float(raw["energy_per_output_token_j"])
         return cls(**raw)
 
 

@@ -18,6 +18,8 @@ from pytest_llmperf.metrics import Summary, summarize
 from pytest_llmperf.records import PHASE_MEASURE, RequestRecord
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from pytest_llmperf.cache_check import CacheCheck
     from pytest_llmperf.objectives import SLO
     from pytest_llmperf.workload import Workload
@@ -34,6 +36,9 @@ class TrialResult:
     started_at: str
     wall_s: float
     telemetry: dict[str, Any] | None = None
+    # GPU telemetry over the trial (GpuTelemetry.to_dict()): power, energy, clocks, memory,
+    # temperature, throttle reasons; None when not sampled (remote server).
+    gpu: dict[str, Any] | None = None
     # What the prompt builder aimed for, per record; compared with the server's usage counts.
     expected_prompt_tokens: list[int | None] = field(default_factory=list)
     # An invalid trial is run once more; the reasons the first attempt was invalid are kept.
@@ -82,9 +87,59 @@ class RunResult:
         return float(np.mean(errs)) if errs else None
 
 
-def pooled_summary(trials: list[TrialResult], slo: SLO | None) -> Summary:
+THROTTLE_POLICIES = ("invalid", "warn")
+
+
+def with_gpu(summary: Summary, gpu: Mapping[str, Any] | None, output_tokens: int,
+             throttle: str = "invalid") -> Summary:
+    """``summary`` with what GPU telemetry says about its run: energy per output token, and a run
+    whose GPUs throttled for heat or power marked invalid (``throttle="invalid"``, its numbers say
+    more about the cooling than the change under test) or warned about (``"warn"``).
+
+    ``gpu`` is a GpuTelemetry dict (or a pooled one with ``energy_j``, ``throttle_reasons``);
+    ``output_tokens`` every token generated while it was sampled, warm-up included.
+    """
+    if throttle not in THROTTLE_POLICIES:
+        raise ValueError(f"throttle policy must be one of {', '.join(THROTTLE_POLICIES)}, got {throttle!r}")
+    if not gpu or not gpu.get("available"):
+        return summary
+    energy = gpu.get("energy_j")
+    per_token = float(energy) / output_tokens if energy is not None and output_tokens > 0 else None
+    validity = summary.validity
+    reasons = list(gpu.get("throttle_reasons") or [])
+    if reasons:
+        note = (f"GPU throttled during the run ({', '.join(reasons)}): clocks were held down by heat or power, "
+                "not by the workload")
+        if throttle == "invalid":
+            validity = dataclasses.replace(validity, valid=False, reasons=[*validity.reasons, note])
+        else:
+            validity = dataclasses.replace(validity, warnings=[*validity.warnings, note])
+    return dataclasses.replace(summary, energy_per_output_token_j=per_token, validity=validity)
+
+
+def generated_tokens(records: list[RequestRecord]) -> int:
+    """Output tokens of every successful request, warm-up included (what the GPU worked for)."""
+    return int(sum(r.output_tokens or 0 for r in records if r.ok))
+
+
+def pooled_gpu(trials: list[TrialResult]) -> dict[str, Any] | None:
+    """The trials' GPU telemetry as one: total energy (None unless every trial has it) and every
+    throttle reason seen."""
+    gpus = [t.gpu for t in trials]
+    if not gpus or not all(g and g.get("available") for g in gpus):
+        return None
+    energies = [g.get("energy_j") for g in gpus if g]
+    return {
+        "available": True,
+        "energy_j": float(sum(e for e in energies if e is not None)) if all(e is not None for e in energies) else None,
+        "throttle_reasons": sorted({r for g in gpus if g for r in g.get("throttle_reasons") or []}),
+    }
+
+
+def pooled_summary(trials: list[TrialResult], slo: SLO | None, throttle: str = "invalid") -> Summary:
     """One Summary over several trials: each trial's times are shifted so the trials sit end to end,
-    which keeps throughput = tokens / (sum of windows) and Little's law meaningful."""
+    which keeps throughput = tokens / (sum of windows) and Little's law meaningful. GPU telemetry is
+    pooled too (energy per token over all trials; any trial's throttling counts for the run)."""
     if len(trials) == 1:
         return trials[0].summary
     shifted: list[RequestRecord] = []
@@ -104,6 +159,8 @@ def pooled_summary(trials: list[TrialResult], slo: SLO | None) -> Summary:
         offset += end - start
     lag = max(t.loop_lag_p99_s for t in trials)
     pooled = summarize(shifted, slo=slo, window_s=(0.0, offset), loop_lag_p99_s=lag)
+    tokens = sum(generated_tokens(t.records) for t in trials)
+    pooled = with_gpu(pooled, pooled_gpu(trials), tokens, throttle)
     return with_invalid_reasons(pooled, [f"trial {t.index}: {r}" for t in trials for r in t.invalid_reasons])
 
 
@@ -116,4 +173,5 @@ def with_invalid_reasons(summary: Summary, reasons: list[str]) -> Summary:
     return dataclasses.replace(summary, validity=validity)
 
 
-__all__ = ["RunResult", "TrialResult", "pooled_summary", "with_invalid_reasons"]
+__all__ = ["THROTTLE_POLICIES", "RunResult", "TrialResult", "generated_tokens", "pooled_gpu", "pooled_summary",
+           "with_gpu", "with_invalid_reasons"]

@@ -178,7 +178,7 @@ def test_server_dies_in_the_middle_of_a_run(pytester, tmp_path):
     result.stdout.fnmatch_lines([
         "*error_rate: * > limit 0.00% (* failed of 20)*",
         "*of 20 measured requests failed (*connect x*",       # what happened to the requests
-        "*the server exited during the run (code 1); log tail:*",
+        "*the command server died during the run (exited with code 1); log *, tail:*",
         "*fatal: simulated crash after 6 requests*",          # why, from the server's own log
     ])
     # The next test is told at once that the server is gone instead of waiting on it.
@@ -709,7 +709,7 @@ def test_api_key_is_masked_in_a_dying_servers_log_tail(pytester, monkeypatch):
     result = pytester.runpytest(*command_server("--mode", "echo_headers", "--log-headers", "--exit-after", "4"),
                                 "--llmperf-api-key-env", "LLMPERF_FAULTS_CREDS", "--junitxml", "junit.xml")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*the server exited during the run (code 1); log tail:*",
+    result.stdout.fnmatch_lines(["*the command server died during the run (exited with code 1); log *, tail:*",
                                  "*request POST /v1/*completions headers=*Bearer ****"])
     (log,) = (pytester.path / ".llmperf" / "report").glob("server-command-*.log")
     assert SECRET in log.read_text()  # the server really did write it

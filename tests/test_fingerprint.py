@@ -9,12 +9,12 @@ from pytest_llmperf.fingerprint import (
     Fingerprint,
     FingerprintError,
     FingerprintMismatch,
-    collect_gpu,
     diff,
     ensure_comparable,
     matcher,
     valid_fields,
 )
+from pytest_llmperf.telemetry.gpu import collect_gpu
 from pytest_llmperf.workload import Workload
 
 H100 = Fingerprint(
@@ -155,6 +155,13 @@ class FakeNvml:
 
     def nvmlDeviceGetName(self, handle):
         return self.names[handle]
+
+
+# The inventory lives with the NVML sampler (telemetry/gpu.py): the domain reads no NVML.
+
+
+def test_for_run_without_gpu_info_records_no_gpu():
+    assert Fingerprint.for_run(engine="vllm", model="m").to_dict()["gpu_name"] == "none"
 
 
 def test_collect_gpu_without_nvml(monkeypatch):

@@ -19,6 +19,9 @@ import pytest_llmperf
 from pytest_llmperf.servers import (
     LLAMA_CPP_PYTHON,
     PRESETS,
+    VLLM_CPU,
+    VLLM_MODULE,
+    VLLM_PYTHON_ENV,
     EngineNotFound,
     PresetError,
     ProcessReaper,
@@ -26,12 +29,20 @@ from pytest_llmperf.servers import (
     ServerStartError,
     build_launch,
     free_port,
+    is_cpu_build,
+    probe_vllm,
     read_version,
     resolve_executable,
     scrub_command,
 )
 
 PY = sys.executable
+
+
+@pytest.fixture(autouse=True)
+def _no_vllm_python(monkeypatch):
+    # scripts/test.sh points this at the vLLM CPU venv; these tests describe the lookup without it.
+    monkeypatch.delenv(VLLM_PYTHON_ENV, raising=False)
 
 
 def fake_which(*present: str):
@@ -287,6 +298,99 @@ def test_bad_launch_arguments():
     with pytest.raises(PresetError, match="extra_args must be strings"):
         build_launch("vllm", model="m", host="127.0.0.1", port=8000, extra_args=["--tp", 2],
                      which=fake_which("vllm"))
+
+
+def _fake_python(tmp_path, name="python"):
+    exe = tmp_path / name
+    exe.write_text("#!/bin/sh\nexit 0\n")
+    exe.chmod(0o755)
+    return str(exe)
+
+
+def test_vllm_cpu_build_runs_the_module_entry_point_with_cpu_settings(tmp_path):
+    python = _fake_python(tmp_path)
+    spec = build_launch(
+        "vllm", model="/", host="127.0.0.1", port=8123, extra_args="--max-num-seqs 8",
+        which=fake_which(), environ={VLLM_PYTHON_ENV: python}, probe=lambda py: ("vllm-cpu", "0.32.0"),
+    )
+    assert spec.preset is VLLM_CPU and spec.executable == python
+    assert spec.command == [
+        python, "-m", "vllm.entrypoints.openai.api_server", "--model", "/", "--host", "127.0.0.1",
+        "--port", "8123", "--enforce-eager", "--gpu-memory-utilization", "0.3", "--max-num-seqs", "8",
+    ]
+    assert spec.env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert spec.reset_cache_url == "http://127.0.0.1:8123/reset_prefix_cache"
+    assert spec.preset.version_dist == "vllm-cpu"
+    # the user's own KV-cache size wins over the default
+    mine = build_launch("vllm", model="m", host="127.0.0.1", port=8123, extra_args=None, which=fake_which(),
+                        environ={VLLM_PYTHON_ENV: python, "VLLM_CPU_KVCACHE_SPACE": "8"},
+                        probe=lambda py: ("vllm-cpu", "0.32.0"))
+    assert "VLLM_CPU_KVCACHE_SPACE" not in mine.env
+
+
+def test_vllm_gpu_build_in_another_interpreter_runs_the_module_entry_point(tmp_path):
+    python = _fake_python(tmp_path)
+    spec = build_launch("vllm", model="org/model", host="127.0.0.1", port=8000, extra_args=None,
+                        which=fake_which("vllm"), environ={VLLM_PYTHON_ENV: python},
+                        probe=lambda py: ("vllm", "0.11.0"))
+    assert spec.preset is VLLM_MODULE
+    assert spec.command[:3] == [python, "-m", "vllm.entrypoints.openai.api_server"]
+    assert "--enforce-eager" not in spec.command and "VLLM_CPU_KVCACHE_SPACE" not in spec.env
+
+
+def test_vllm_on_path_from_a_cpu_build_is_launched_through_its_python(tmp_path):
+    python = _fake_python(tmp_path)
+    script = tmp_path / "vllm"
+    script.write_text(f"#!{python}\nimport sys\n")
+    spec = build_launch("vllm", model="m", host="127.0.0.1", port=8000, extra_args=None,
+                        which=lambda name: str(script) if name == "vllm" else None, environ={},
+                        probe=lambda py: ("vllm", "0.10.0+cpu") if py == python else None)
+    assert spec.preset is VLLM_CPU and spec.command[0] == python
+    gpu = build_launch("vllm", model="m", host="127.0.0.1", port=8000, extra_args=None,
+                       which=lambda name: str(script) if name == "vllm" else None, environ={},
+                       probe=lambda py: ("vllm", "0.10.0"))
+    assert gpu.command[:2] == ["vllm", "serve"]
+
+
+def test_vllm_cpu_detection_and_probe():
+    assert is_cpu_build("vllm-cpu", "0.32.0")
+    assert is_cpu_build("vllm", "0.10.1+cpu")
+    assert not is_cpu_build("vllm", "0.11.0")
+    assert probe_vllm(sys.executable) is None  # this environment has no vLLM
+    assert probe_vllm("/no/such/python") is None
+
+
+def test_vllm_python_that_is_not_a_file_is_refused(tmp_path):
+    with pytest.raises(PresetError, match="LLMPERF_VLLM_PYTHON=.*nope.* is not an executable"):
+        build_launch("vllm", model="m", host="127.0.0.1", port=8000, extra_args=None,
+                     environ={VLLM_PYTHON_ENV: str(tmp_path / "nope")})
+    with pytest.raises(EngineNotFound, match="has no importable vLLM"):
+        build_launch("vllm", model="m", host="127.0.0.1", port=8000, extra_args=None,
+                     environ={VLLM_PYTHON_ENV: _fake_python(tmp_path)}, probe=lambda py: None)
+
+
+@pytest.mark.parametrize("preset", ["vllm", "sglang", "tgi"])
+def test_a_model_path_that_does_not_exist_is_refused_before_launch(preset, tmp_path):
+    missing = str(tmp_path / "models" / "tiny")
+    # refused before looking for the engine: none is installed here
+    with pytest.raises(PresetError, match=f"model path '{missing}' does not exist"):
+        build_launch(preset, model=missing, host="127.0.0.1", port=8000, extra_args=None, which=fake_which(),
+                     module_available=no_modules, environ={})
+    # a hub id is not a path
+    with pytest.raises(EngineNotFound):
+        build_launch(preset, model="org/name", host="127.0.0.1", port=8000, extra_args=None,
+                     which=fake_which(), module_available=no_modules, environ={})
+
+
+def test_failed_start_ends_with_what_to_check(tmp_path):
+    proc = ServerProcess([PY, "-c", "import sys; print('RuntimeError: Failed to infer device type'); sys.exit(1)"],
+                         health_url="http://127.0.0.1:9/health", models_url=None, log_path=tmp_path / "s.log",
+                         startup_timeout_s=20, hint="check that vLLM has a usable device")
+    with pytest.raises(ServerStartError) as info:
+        proc.start()
+    lines = str(info.value).splitlines()
+    assert any("Failed to infer device type" in ln for ln in lines)  # the engine's own words
+    assert lines[-1] == "  what to check: check that vLLM has a usable device"
 
 
 # --- presets: missing engines --------------------------------------------------------------------

@@ -24,6 +24,7 @@ from pytest_llmperf.telemetry import (
     Snapshot,
     TelemetryError,
     TelemetrySampler,
+    collect_gpu,
     decode_clock_event_reasons,
     metrics_url,
     parse_exposition,
@@ -558,6 +559,16 @@ def _fake_pynvml(
         return 650_000
 
     m.nvmlDeviceGetPowerUsage = power
+    m.nvmlDeviceGetUUID = lambda h: f"GPU-{h}abc-0000"
+    m.nvmlDeviceGetTemperature = lambda h, sensor: 71 if h == 1 else 55
+
+    def energy(h):  # mJ since the driver loaded; device 1 has no counter (pre-Volta)
+        if h == 1:
+            raise _NVMLError("Not Supported")
+        state["energy"] = state.get("energy", 5_000_000) + 650 * 50  # 650 W for 50 ms per read
+        return state["energy"]
+
+    m.nvmlDeviceGetTotalEnergyConsumption = energy
     def reasons(h):
         return (reasons_mask if h == 1 else 0x4)  # device 0: sw power cap only
     if legacy_reasons_api:
@@ -628,3 +639,125 @@ def test_decode_clock_event_reasons():
     assert decode_clock_event_reasons(0) == []
     assert decode_clock_event_reasons(0x80 | 0x8) == ["hw_slowdown", "hw_power_brake_slowdown"]
     assert decode_clock_event_reasons(0x1000) == ["unknown_0x1000"]
+
+
+def test_energy_temperature_and_totals(monkeypatch):
+    nvml = _fake_pynvml()
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    with GpuSampler(interval_s=0.01, environ={}) as sampler:
+        time.sleep(0.05)
+    gpu = sampler.result
+    assert gpu is not None and gpu.available and gpu.duration_s is not None and gpu.duration_s > 0.04
+    dev0, dev1 = gpu.devices
+    # device 0: NVML's energy counter, 32.5 J between each pair of reads
+    assert dev0.energy_j == pytest.approx(32.5 * (dev0.samples - 1))
+    assert dev1.energy_j is None  # no counter and no power reading
+    assert gpu.energy_j == dev0.energy_j
+    assert (dev0.temperature_max_c, dev1.temperature_max_c, dev1.temperature_mean_c) == (55.0, 71.0, 71.0)
+    assert gpu.power_mean_w == 650.0 and gpu.power_max_w == 650.0
+    doc = gpu.to_dict()
+    assert doc["energy_j"] == gpu.energy_j and doc["devices"][1]["temperature_max_c"] == 71.0
+    assert GpuTelemetry.from_dict(doc) == gpu
+
+
+def test_energy_is_integrated_from_power_without_a_counter(monkeypatch):
+    nvml = _fake_pynvml()
+    del nvml.nvmlDeviceGetTotalEnergyConsumption  # an old binding
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    with GpuSampler(interval_s=0.01, environ={}) as sampler:
+        time.sleep(0.05)
+    gpu = sampler.result
+    assert gpu is not None
+    # constant 650 W over the sampled span
+    assert gpu.devices[0].energy_j == pytest.approx(650.0 * gpu.duration_s, rel=0.35)
+
+
+def test_sampler_and_fingerprint_see_the_same_visible_gpus(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml())
+    env = {"CUDA_VISIBLE_DEVICES": "GPU-1abc"}
+    with GpuSampler(interval_s=0.01, environ=env) as sampler:
+        pass
+    assert [d.index for d in sampler.result.devices] == [1]
+    assert collect_gpu(environ=env) == {"gpu_name": "NVIDIA H100 80GB HBM3", "gpu_count": 1,
+                                        "gpu_driver": "550.54.15"}
+    assert collect_gpu(environ={}) ["gpu_count"] == 2
+    with GpuSampler(interval_s=0.01, environ={"CUDA_VISIBLE_DEVICES": "-1"}) as hidden:
+        pass
+    assert not hidden.result.available and hidden.result.reason == "NVML found no GPU"
+
+
+def _summary():
+    import dataclasses
+
+    from pytest_llmperf.metrics import Validity, summarize
+
+    return dataclasses.replace(summarize([], window_s=(0.0, 1.0)), validity=Validity())
+
+
+def test_with_gpu_energy_per_token_and_throttle_policy():
+    from pytest_llmperf.results import with_gpu
+
+    base = _summary()
+    cool = {"available": True, "energy_j": 500.0, "throttle_reasons": []}
+    assert with_gpu(base, cool, 1000).energy_per_output_token_j == 0.5
+    assert with_gpu(base, cool, 1000).validity.valid
+    assert with_gpu(base, None, 1000) is base
+    assert with_gpu(base, {"available": False, "reason": "no GPU"}, 1000) is base
+    assert with_gpu(base, {**cool, "energy_j": None}, 1000).energy_per_output_token_j is None
+    hot = {**cool, "throttle_reasons": ["hw_thermal_slowdown"]}
+    invalid = with_gpu(base, hot, 1000)
+    assert not invalid.validity.valid
+    assert "GPU throttled during the run (hw_thermal_slowdown)" in invalid.validity.reasons[-1]
+    warned = with_gpu(base, hot, 1000, throttle="warn")
+    assert warned.validity.valid and "hw_thermal_slowdown" in warned.validity.warnings[-1]
+    with pytest.raises(ValueError, match="invalid, warn"):
+        with_gpu(base, hot, 1000, throttle="ignore")
+    # survives a round trip; summaries written before this field load as None
+    from pytest_llmperf.metrics import Summary
+
+    doc = invalid.to_dict()
+    assert Summary.from_dict(doc) == invalid
+    del doc["energy_per_output_token_j"]
+    assert Summary.from_dict(doc).energy_per_output_token_j is None
+
+
+@pytest.mark.parametrize("throttle", ["invalid", "warn"])
+def test_every_run_samples_the_gpu_and_reports_it(pytester, monkeypatch, throttle):
+    # The plugin runs in this process (pytester.runpytest), so it imports this fake NVML: device 1
+    # hits a thermal slowdown.
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(reasons_mask=0x40))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    pytester.makepyfile(
+        """
+        from pytest_llmperf import Workload, slo
+
+        @slo(ttft_p95=5.0, error_rate=0.0)
+        def test_gpu(llmperf):
+            r = llmperf.run(Workload(input_tokens=32, output_tokens=8, concurrency=2, num_requests=6), trials=2)
+            assert [t.gpu["available"] for t in r.trials] == [True, True]
+            assert r.summary.energy_per_output_token_j > 0
+        """
+    )
+    result = pytester.runpytest("--llmperf-sim-preset", "tiny", "-p", "no:cacheprovider",
+                                "--llmperf-throttle", throttle)
+    result.assert_outcomes(passed=1)
+    report = pytester.path / ".llmperf" / "report"
+    import json
+
+    (run,) = json.loads((report / "llmperf.json").read_text())["tests"][0]["runs"]
+    assert run["fingerprint"]["gpu_name"] == "NVIDIA H100 80GB HBM3" and run["fingerprint"]["gpu_count"] == 2
+    assert len(run["gpu"]) == 2
+    for trial in run["gpu"]:
+        assert trial["throttle_reasons"] == ["hw_thermal_slowdown"] and trial["energy_j"] > 0
+        assert {"power_mean_w", "power_max_w", "duration_s"} <= set(trial)
+        dev = trial["devices"][0]
+        assert dev["sm_clock_mean_mhz"] == 1980.0 and dev["temperature_max_c"] == 55.0
+        assert dev["memory_used_peak_bytes"] > 0
+    summary = run["summary"]
+    assert summary["energy_per_output_token_j"] > 0
+    assert summary["validity"]["valid"] is (throttle == "warn")
+    markdown = (report / "llmperf-summary.md").read_text()
+    assert "GPU: 650 W mean (max 650 W)" in markdown and "J/output token" in markdown
+    assert "**throttled** in 2 of 2 trials (hw_thermal_slowdown)" in markdown
+    if throttle == "invalid":
+        assert "**invalid run**" in markdown and "GPU throttled during the run" in markdown

@@ -58,6 +58,7 @@ class SavedEntry(TypedDict, total=False):
     summary: dict[str, Any] | None
     cache_check: dict[str, Any] | None
     telemetry: list[Any]
+    gpu: list[Any]
     trials: list[TrialEntry]
     capacity: dict[str, Any]
 
@@ -166,9 +167,11 @@ def trial_entry(trial: TrialResult, slo: SLO | None, type_slos: Sequence[SLO] = 
 
 
 def fingerprint_for(workload: Workload, model: str, slo: SLO | None, server: Any,
-                    extra: Mapping[str, Any] | None = None) -> Fingerprint:
-    """The fingerprint of a run of ``workload`` on ``server`` (a ServerInfo). A remote server's GPUs
-    are not this machine's, so they are recorded as "remote" rather than read from NVML here."""
+                    extra: Mapping[str, Any] | None = None, gpu: Mapping[str, Any] | None = None) -> Fingerprint:
+    """The fingerprint of a run of ``workload`` on ``server`` (a ServerInfo). ``gpu`` is this
+    machine's GPU inventory (``gpu_name``, ``gpu_count``, ``gpu_driver``), read by the caller
+    (the plugin, through telemetry's NVML reader; none given: no GPU). A remote server's GPUs are not
+    this machine's, so they are recorded as "remote"."""
     launched = getattr(server, "launched", True)
     return Fingerprint.for_run(
         engine=getattr(server, "preset", "unknown") or "unknown",
@@ -178,7 +181,7 @@ def fingerprint_for(workload: Workload, model: str, slo: SLO | None, server: Any
         sim_preset=getattr(server, "sim_preset", None),
         workload=workload,
         slo=slo.to_dict() if slo is not None else {},
-        gpu=None if launched else {"gpu_name": "remote", "gpu_count": 0, "gpu_driver": "remote"},
+        gpu=gpu if launched else {"gpu_name": "remote", "gpu_count": 0, "gpu_driver": "remote"},
         extra=extra or None,
     )
 
@@ -197,6 +200,7 @@ def run_entry(result: RunResult, fingerprint: Fingerprint, type_slos: Sequence[S
         "cache_check": result.cache_check.to_dict() if result.cache_check is not None else None,
         "telemetry": [t.telemetry for t in result.trials],
         "type_slos": [s.to_dict() for s in typed],
+        "gpu": [t.gpu for t in result.trials],
         "trials": [trial_entry(t, result.slo, typed) for t in result.trials],
     }
 

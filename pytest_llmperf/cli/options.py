@@ -94,6 +94,8 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("workers", "load-generator processes per workload (per Ray worker with --llmperf-ray-address)", 1, _positive_int),
     OptionSpec("ray-address", "send the load from a Ray cluster: auto, ray://HOST:10001 or HOST:6379 (needs pytest-llmperf[ray])"),
     OptionSpec("ray-workers", "Ray load workers (actors, spread over the nodes); default: one per node", None, _positive_int),
+    OptionSpec("throttle", "a trial whose local GPU throttled for heat or power: invalid (not gated, the default) "
+               "or warn (gated, with a warning)", "invalid", choices=("invalid", "warn")),
 )
 
 

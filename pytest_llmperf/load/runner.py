@@ -38,8 +38,16 @@ from pytest_llmperf.load.traffic import DatasetTraffic, TraceTraffic, load_datas
 from pytest_llmperf.load.workers import ClientSpec, run_in_workers
 from pytest_llmperf.metrics import summarize
 from pytest_llmperf.records import PreparedRequest, RequestRecord
-from pytest_llmperf.results import RunResult, TrialResult, pooled_summary, with_invalid_reasons
-from pytest_llmperf.telemetry import TelemetrySampler
+from pytest_llmperf.results import (
+    THROTTLE_POLICIES,
+    RunResult,
+    TrialResult,
+    generated_tokens,
+    pooled_summary,
+    with_gpu,
+    with_invalid_reasons,
+)
+from pytest_llmperf.telemetry import GpuSampler, TelemetrySampler
 from pytest_llmperf.traffic.datasets import read_dataset
 from pytest_llmperf.traffic.traces import scan as scan_trace
 
@@ -77,6 +85,9 @@ class Runner:
         rerun_invalid: bool = True,
         ray_address: str | None = None,
         ray_workers: int | None = None,
+        gpu_telemetry: bool = False,
+        throttle: str = "invalid",
+        gpu_interval_s: float = 0.5,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
@@ -113,6 +124,14 @@ class Runner:
         self.overload = overload
         # Run an invalid trial (client lag, dispatch lag, Little's law) once more before keeping it.
         self.rerun_invalid = rerun_invalid
+        # Sample this machine's GPUs (NVML) during every trial: for a server launched here. Without
+        # NVML or a GPU the trial's ``gpu`` says why and nothing else changes.
+        self.gpu_telemetry = gpu_telemetry
+        if throttle not in THROTTLE_POLICIES:
+            raise ValueError(f"throttle must be one of {', '.join(THROTTLE_POLICIES)}, got {throttle!r}")
+        # A trial whose GPU throttled for heat or power: "invalid" (not gated) or "warn".
+        self.throttle = throttle
+        self.gpu_interval_s = gpu_interval_s
         self._token_models: dict[str, TokenModel] = {}
 
     def __repr__(self) -> str:  # never show the key
@@ -158,7 +177,7 @@ class Runner:
             model=model,
             base_url=self.base_url,
             trials=results,
-            summary=pooled_summary(results, slo),
+            summary=pooled_summary(results, slo, throttle=self.throttle),
             token_model=token_model.to_dict(),
             slo=slo,
             label=workload.label(),
@@ -303,6 +322,10 @@ class Runner:
             if self.metrics_url:
                 sampler = TelemetrySampler(self.metrics_url, interval_s=1.0, origin_s=origin)
                 await sampler.start()
+            gpu_sampler = None
+            if self.gpu_telemetry:
+                gpu_sampler = GpuSampler(interval_s=self.gpu_interval_s)
+                gpu_sampler.start()
             try:
                 spec = ClientSpec(self.base_url, model, self._api_key, client.timeout_s,
                                   client.max_connections, self.use_uvloop)
@@ -326,13 +349,15 @@ class Runner:
                     outcome = await generator.run()
             finally:
                 telemetry = (await sampler.stop()).to_dict() if sampler is not None else None
-        return self._trial_result(index, outcome, slo, started_at, origin, expected, telemetry, distributed)
+                gpu = gpu_sampler.stop().to_dict() if gpu_sampler is not None else None
+        return self._trial_result(index, outcome, slo, started_at, origin, expected, telemetry, distributed, gpu)
 
     def _trial_result(self, index: int, outcome: LoadOutcome, slo: SLO | None, started_at: str, origin: float,
                       expected: dict[int, int | None], telemetry: dict[str, Any] | None,
-                      distributed: dict[str, Any] | None = None) -> TrialResult:
+                      distributed: dict[str, Any] | None = None, gpu: dict[str, Any] | None = None) -> TrialResult:
         summary = summarize(outcome.records, slo=slo, window_s=outcome.window_s,
                             loop_lag_p99_s=outcome.loop_lag_p99_s)
+        summary = with_gpu(summary, gpu, generated_tokens(outcome.records), self.throttle)
         invalid = list(distributed["reasons"]) if distributed else []
         summary = with_invalid_reasons(summary, invalid)
         trial = TrialResult(
@@ -348,6 +373,7 @@ class Runner:
             telemetry=telemetry,
             distributed=distributed,
             invalid_reasons=invalid,
+            gpu=gpu,
         )
         return trial
 

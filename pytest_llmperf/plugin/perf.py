@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import time
 from typing import TYPE_CHECKING, Any
 
+import httpx
 import pytest
 
 from pytest_llmperf.baseline.schema import capacity_entry, fingerprint_for, run_entry
@@ -79,6 +81,9 @@ class LLMPerf:
             workers=opts.workers if opts.workers > 1 else None,
             ray_address=opts.ray_address,
             ray_workers=opts.ray_workers,
+            # A server launched here runs on this machine's GPUs: watch them (NVML) in every trial.
+            gpu_telemetry=server.launched,
+            throttle=opts.throttle,
         )
         try:
             result = runner.run(workload, slo=self.slo, trials=n_trials)
@@ -103,7 +108,7 @@ class LLMPerf:
         self._record_properties(result)
         self._session.slo_checks[key] = list(result.slo_checks)
         fingerprint = fingerprint_for(result.workload, result.model, result.slo, server,
-                                      extra=self._session.fingerprint_extra(server))
+                                      extra=self._session.fingerprint_extra(server), gpu=self._session.gpu_info())
         self._judge(key, run_entry(result, fingerprint, self.slos))
         return result
 
@@ -146,7 +151,7 @@ class LLMPerf:
         prefix = "llmperf.capacity" if n == 1 else f"llmperf.capacity{n}"
         self._item.user_properties.append((f"{prefix}_rps", result.capacity_rps))
         fingerprint = fingerprint_for(workload, server.model, self.slo, server,
-                                      extra=self._session.fingerprint_extra(server))
+                                      extra=self._session.fingerprint_extra(server), gpu=self._session.gpu_info())
         entry = capacity_entry(result, fingerprint, f"capacity {workload.label()}", slo=self.slo)
         self._judge(f"{nodeid_of(self._item)}#capacity{n - 1}", entry)
         return result
@@ -216,11 +221,46 @@ class LLMPerf:
         if strict and self.notes:
             lines.extend(f"{note} (--llmperf-strict)" for note in self.notes)
         if lines:
-            info = self._session.servers.info
-            if info is not None and not info.alive() and info.process is not None:
-                tail = "\n".join("    " + ln for ln in info.process.log_tail(20))
-                lines.append(f"  the server exited during the run (code {info.process.exited_code()}); log tail:\n{tail}")
+            death = self._server_death()
+            if death:
+                lines.append(death)
         return lines
+
+    def _server_death(self) -> str | None:
+        """A line saying the launched server died (or stopped answering), with its log tail.
+
+        An engine whose worker crashed goes on for a moment (vLLM's API server answers 503 for a
+        second or two, then exits), so when requests failed to connect the server gets a few
+        seconds to finish dying before it is declared alive."""
+        info = self._session.servers.info
+        if info is None or info.process is None:
+            return None
+        process = info.process
+        refused = any(r.error_kind == "connect" for result in self.results for r in result.records)
+        if refused and process.alive():
+            deadline = time.monotonic() + _DEATH_WAIT_S
+            while process.alive() and time.monotonic() < deadline:
+                time.sleep(0.1)
+        tail = "\n".join("    " + ln for ln in process.log_tail(20))
+        if not process.alive():
+            return (f"  the {info.preset} server died during the run (exited with code {process.exited_code()}); "
+                    f"log {info.log_path}, tail:\n{tail}")
+        if refused and not _answers(info.root_url):
+            return (f"  the {info.preset} server stopped answering during the run (its process is still there, "
+                    f"its port refuses connections); log {info.log_path}, tail:\n{tail}")
+        return None
+
+
+# How long a server whose port refuses connections gets to finish exiting before it is reported.
+_DEATH_WAIT_S = 10.0
+
+
+def _answers(root_url: str) -> bool:
+    try:
+        httpx.get(root_url + "/health", timeout=2.0, trust_env=False)
+    except httpx.TransportError:
+        return False
+    return True
 
 
 def in_ci() -> bool:

@@ -77,6 +77,7 @@ class LLMPerfSession:
         self.remote_server: dict[str, Any] | None = None
         self.remote_summaries: list[dict[str, list[Any]]] = []
         self.baselines_prepared = False
+        self._gpu_info: dict[str, Any] | None = None
         # Before the reaper, which stops the servers first and then chains to this handler.
         self.sigterm_installed = _install_sigterm()
         self.reaper.install()
@@ -182,6 +183,15 @@ class LLMPerfSession:
         if self.gate is None:
             return list(self.entries) if self.options.baseline else []
         return list(self.gate.missing)
+
+    def gpu_info(self) -> dict[str, Any]:
+        """This machine's GPUs for fingerprints (NVML, read once per session through the same
+        reader the per-trial sampler uses; no NVML or no GPU: "none")."""
+        if self._gpu_info is None:
+            from pytest_llmperf.telemetry.gpu import collect_gpu
+
+            self._gpu_info = collect_gpu()
+        return dict(self._gpu_info)
 
     def fingerprint_extra(self, server: ServerInfo) -> dict[str, Any]:
         extra: dict[str, Any] = {}

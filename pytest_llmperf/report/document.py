@@ -85,6 +85,7 @@ def build_document(
             "summary": entry.get("summary"),
             "cache_check": entry.get("cache_check"),
             "telemetry": entry.get("telemetry"),
+            "gpu": entry.get("gpu"),
             "slo_checks": checks,
             "slo_passed": (all(c.get("passed") for c in checks) if checks else None),
             "verdicts": verdicts,

@@ -37,6 +37,7 @@ def run_result_to_dict(result: Any, *, include_records: bool = True) -> dict[str
                 "telemetry": t.telemetry,
                 # Load from several machines: nodes, clock offsets to the driver, missing shares.
                 **({"distributed": t.distributed} if t.distributed is not None else {}),
+                "gpu": t.gpu,
                 **({"records": [r.to_dict() for r in t.records]} if include_records else {}),
             }
             for t in result.trials

@@ -379,7 +379,43 @@ def _run_notes(doc: Mapping[str, Any], run: Mapping[str, Any], rows: Sequence[Ro
         notes.append(f"{word} ({', '.join(f'`{s}`' for s in stats)}): {reason}")
     if run.get("allowed_diffs"):
         notes.append("fingerprint differences allowed: " + "; ".join(str(d) for d in run["allowed_diffs"]))
+    gpu = gpu_note(run)
+    if gpu:
+        notes.append(gpu)
     return [cell(n) for n in notes]
+
+
+def gpu_note(run: Mapping[str, Any]) -> str | None:
+    """One line of GPU telemetry over the run's trials (power, energy per token, temperature, SM
+    clock, memory, throttling), None when no trial had it."""
+    trials = [g for g in run.get("gpu") or [] if g and g.get("available")]
+    if not trials:
+        return None
+
+    def values(key: str, devices: bool = False) -> list[float]:
+        found = [d.get(key) for g in trials for d in g.get("devices") or []] if devices else [g.get(key) for g in trials]
+        return [float(v) for v in found if isinstance(v, (int, float))]
+
+    parts = []
+    power, peak = values("power_mean_w"), values("power_max_w")
+    if power:
+        parts.append(f"{sum(power) / len(power):.0f} W mean" + (f" (max {max(peak):.0f} W)" if peak else ""))
+    per_token = (run.get("summary") or {}).get("energy_per_output_token_j")
+    if isinstance(per_token, (int, float)):
+        parts.append(f"{per_token:.3g} J/output token")
+    temps, clocks, memory = values("temperature_max_c", True), values("sm_clock_min_mhz", True), values(
+        "memory_used_peak_bytes", True)
+    if temps:
+        parts.append(f"{max(temps):.0f} °C max")
+    if clocks:
+        parts.append(f"SM clock ≥ {min(clocks):.0f} MHz")
+    if memory:
+        parts.append(f"memory peak {max(memory) / 2**30:.1f} GiB")
+    reasons = sorted({r for g in trials for r in g.get("throttle_reasons") or []})
+    throttled = [i for i, g in enumerate(trials) if g.get("throttle_reasons")]
+    if reasons:
+        parts.append(f"{FAIL} **throttled** in {len(throttled)} of {len(trials)} trials ({', '.join(reasons)})")
+    return "GPU: " + ", ".join(parts) if parts else None
 
 
 def _rel(path: Path, base_dir: Path | str | None) -> str:

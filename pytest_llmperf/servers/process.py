@@ -173,6 +173,7 @@ class ServerProcess:
         startup_timeout_s: float = 600,
         grace_s: float = 10,
         cwd: str | os.PathLike[str] | None = None,
+        hint: str | None = None,
     ) -> None:
         if not command:
             raise ValueError("ServerProcess: command is empty; give the program and its arguments")
@@ -188,6 +189,8 @@ class ServerProcess:
         self.startup_timeout_s = float(startup_timeout_s)
         self.grace_s = float(grace_s)
         self.cwd = cwd
+        # One line of what to check, added after the log tail when the server fails to start.
+        self.hint = hint
         self.startup_s: float | None = None
         # Sent as a bearer token by the readiness probe; never printed (it is also in `secrets`).
         self.probe_api_key: str | None = None
@@ -351,6 +354,8 @@ class ServerProcess:
             lines.extend(f"    | {line}" for line in tail)
         else:
             lines.append("  (the log is empty)")
+        if self.hint:
+            lines.append(f"  what to check: {self.hint}")
         return ServerStartError(
             "\n".join(lines),
             reason=reason,

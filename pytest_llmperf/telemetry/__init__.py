@@ -3,16 +3,19 @@
 - :mod:`.prometheus`: parse an engine's ``/metrics`` into one vocabulary (vLLM, SGLang, TGI,
   llama.cpp).
 - :mod:`.server`: scrape it before, during and after a run (:class:`TelemetrySampler`).
-- :mod:`.gpu`: NVML sampling (memory, utilisation, clocks, power, throttling) and inventory.
+- :mod:`.gpu`: NVML sampling (memory, utilisation, clocks, power, energy, temperature,
+  throttling) and the GPU inventory for fingerprints (:func:`collect_gpu`).
 """
 
 from __future__ import annotations
 
 from pytest_llmperf.telemetry.gpu import (
+    NO_GPU,
     THROTTLING_REASONS,
     GpuDeviceStats,
     GpuSampler,
     GpuTelemetry,
+    collect_gpu,
     decode_clock_event_reasons,
 )
 from pytest_llmperf.telemetry.prometheus import (
@@ -42,6 +45,7 @@ __all__ = [
     "GpuDeviceStats",
     "GpuSampler",
     "GpuTelemetry",
+    "NO_GPU",
     "ScrapeOutcome",
     "SeriesPoint",
     "ServerTelemetry",
@@ -50,6 +54,7 @@ __all__ = [
     "TelemetryError",
     "TelemetrySampler",
     "VOCABULARY",
+    "collect_gpu",
     "decode_clock_event_reasons",
     "metrics_url",
     "parse_exposition",

@@ -1,8 +1,12 @@
-"""GPU telemetry through NVML: memory, utilisation, SM clock, power and throttling per device.
+"""GPU telemetry through NVML: memory, utilisation, SM clock, power, energy, temperature and
+throttling per device, and the inventory (name, count, driver) that goes into a run's fingerprint.
 
 ``pynvml`` (package ``nvidia-ml-py``, extra ``pytest-llmperf[gpu]``) is optional. Without it, or
-without a GPU and driver, every result here is ``available=False`` with the reason, and nothing
-raises: a perf run on a laptop or CI box must not fail because there is no GPU to watch.
+without a GPU and driver, every result here is ``available=False`` with the reason (the inventory:
+no GPU), and nothing raises: a perf run on a laptop or CI box must not fail because there is no GPU
+to watch. The sampler and the inventory open NVML and list devices through the same functions
+(:func:`load_nvml`, :func:`list_devices`, :func:`visible_devices`), so both see the same GPUs, and
+both narrow them to ``CUDA_VISIBLE_DEVICES`` like a locally launched engine would.
 
 Sampling runs in a thread, not on the event loop: NVML calls block in the driver (a power reading
 can take milliseconds), which would show up as client event-loop lag in the load generator.
@@ -12,7 +16,9 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +48,9 @@ THROTTLING_REASONS = frozenset(
     {"hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"}
 )
 _NVML_CLOCK_SM = 1  # NVML_CLOCK_SM in nvml.h
+_NVML_TEMPERATURE_GPU = 0  # NVML_TEMPERATURE_GPU in nvml.h
 _MIB = 1024 * 1024
+NO_GPU: dict[str, Any] = {"gpu_name": "none", "gpu_count": 0, "gpu_driver": "none"}
 
 
 def decode_clock_event_reasons(mask: int) -> list[str]:
@@ -73,6 +81,74 @@ def _nvml_error(exc: BaseException) -> str:
     return f"NVML: {type(exc).__name__}: {exc}"
 
 
+@dataclass(frozen=True)
+class NvmlDevice:
+    """One device as NVML lists it: its NVML index, UUID, name and handle."""
+
+    index: int
+    uuid: str
+    name: str
+    handle: Any
+
+
+def list_devices(nvml: Any) -> list[NvmlDevice]:
+    """Every device NVML sees (NVML must be initialised). A name or UUID NVML cannot read is
+    "unknown" / empty; a failing count or handle query raises (the caller reports it)."""
+    devices = []
+    for i in range(int(nvml.nvmlDeviceGetCount())):
+        handle = nvml.nvmlDeviceGetHandleByIndex(i)
+        uuid = _read(lambda: nvml.nvmlDeviceGetUUID(handle))
+        name = _read(lambda: nvml.nvmlDeviceGetName(handle))
+        devices.append(NvmlDevice(i, _text(uuid) if uuid is not None else "", _text(name or "unknown"), handle))
+    return devices
+
+
+def visible_devices(devices: Sequence[NvmlDevice], environ: Mapping[str, str] | None = None) -> list[NvmlDevice]:
+    """The devices a CUDA process started with ``environ`` would use: NVML sees every GPU on the
+    box, ``CUDA_VISIBLE_DEVICES`` (indices or UUID prefixes) narrows and orders them, and CUDA stops
+    at the first entry it cannot resolve (so "-1" hides every GPU)."""
+    env = os.environ if environ is None else environ
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return list(devices)
+    chosen = []
+    for want in (v.strip() for v in visible.split(",") if v.strip()):
+        hit = next((d for d in devices
+                    if want == str(d.index) or (want.startswith("GPU-") and d.uuid.startswith(want))), None)
+        if hit is None:
+            break
+        chosen.append(hit)
+    return chosen
+
+
+def collect_gpu(nvml: Any = None, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """GPU name, count and driver of this machine, for a run's fingerprint.
+
+    Without NVML (not installed, no driver, no GPU) the answer is name "none", count 0, driver
+    "none". Only the devices ``CUDA_VISIBLE_DEVICES`` leaves visible count; mixed GPU models are
+    joined with " + ". ``nvml`` and ``environ`` exist for tests.
+    """
+    if nvml is None:
+        nvml, _ = load_nvml()
+        if nvml is None:
+            return dict(NO_GPU)
+    try:
+        nvml.nvmlInit()
+    except Exception:
+        return dict(NO_GPU)
+    try:
+        driver = _text(nvml.nvmlSystemGetDriverVersion())
+        devices = visible_devices(list_devices(nvml), environ)
+    except Exception:
+        return dict(NO_GPU)
+    finally:
+        _read(nvml.nvmlShutdown)
+    if not devices:
+        return {"gpu_name": "none", "gpu_count": 0, "gpu_driver": driver or "none"}
+    names = sorted({d.name for d in devices})
+    return {"gpu_name": " + ".join(names), "gpu_count": len(devices), "gpu_driver": driver or "none"}
+
+
 @dataclass
 class GpuDeviceStats:
     """One device over the sampling window. Fields are None where NVML could not read them."""
@@ -87,6 +163,11 @@ class GpuDeviceStats:
     sm_clock_mean_mhz: float | None = None
     power_mean_w: float | None = None
     power_max_w: float | None = None
+    # Energy over the window: NVML's energy counter where the device has one (Volta and later),
+    # else power integrated over the samples (trapezoids). None when neither can be read.
+    energy_j: float | None = None
+    temperature_mean_c: float | None = None
+    temperature_max_c: float | None = None
     # Every non-idle clocks-event reason seen in any sample, and the throttling subset of it.
     clock_event_reasons: list[str] = field(default_factory=list)
     throttle_reasons: list[str] = field(default_factory=list)
@@ -108,6 +189,9 @@ class GpuDeviceStats:
             "sm_clock_mean_mhz": self.sm_clock_mean_mhz,
             "power_mean_w": self.power_mean_w,
             "power_max_w": self.power_max_w,
+            "energy_j": self.energy_j,
+            "temperature_mean_c": self.temperature_mean_c,
+            "temperature_max_c": self.temperature_max_c,
             "clock_event_reasons": list(self.clock_event_reasons),
             "throttle_reasons": list(self.throttle_reasons),
             "samples": self.samples,
@@ -127,6 +211,21 @@ class GpuTelemetry:
     reason: str | None = None
     interval_s: float = DEFAULT_GPU_INTERVAL_S
     devices: list[GpuDeviceStats] = field(default_factory=list)
+    duration_s: float | None = None
+    # The highest total (all devices) power of any one sample.
+    power_max_w: float | None = None
+
+    @property
+    def energy_j(self) -> float | None:
+        """Energy of all devices over the window (None when no device could tell)."""
+        values = [d.energy_j for d in self.devices if d.energy_j is not None]
+        return float(sum(values)) if values else None
+
+    @property
+    def power_mean_w(self) -> float | None:
+        """Mean total power of all devices (the sum of their means)."""
+        values = [d.power_mean_w for d in self.devices if d.power_mean_w is not None]
+        return float(sum(values)) if values else None
 
     @property
     def throttled(self) -> bool:
@@ -141,6 +240,10 @@ class GpuTelemetry:
             "available": self.available,
             "reason": self.reason,
             "interval_s": self.interval_s,
+            "duration_s": self.duration_s,
+            "energy_j": self.energy_j,
+            "power_mean_w": self.power_mean_w,
+            "power_max_w": self.power_max_w,
             "throttled": self.throttled,
             "throttle_reasons": self.throttle_reasons,
             "devices": [d.to_dict() for d in self.devices],
@@ -153,6 +256,8 @@ class GpuTelemetry:
             reason=data.get("reason"),
             interval_s=float(data.get("interval_s", DEFAULT_GPU_INTERVAL_S)),
             devices=[GpuDeviceStats.from_dict(d) for d in data.get("devices", [])],
+            duration_s=data.get("duration_s"),
+            power_max_w=data.get("power_max_w"),
         )
 
 
@@ -175,7 +280,20 @@ class _DeviceAccumulator:
         self.power_sum = 0.0
         self.power_n = 0
         self.power_max: float | None = None
+        self.power_last: tuple[float, float] | None = None  # (time, watts) of the last reading
+        self.energy_integrated = 0.0
+        self.energy_counter_first: float | None = None  # NVML's counter, mJ
+        self.energy_counter_last: float | None = None
+        self.temp_sum = 0.0
+        self.temp_n = 0
+        self.temp_max: float | None = None
         self.reason_mask = 0
+
+    def energy_j(self) -> float | None:
+        first, last = self.energy_counter_first, self.energy_counter_last
+        if first is not None and last is not None and last >= first:
+            return (last - first) / 1000.0
+        return self.energy_integrated if self.power_n >= 2 else None
 
     def stats(self) -> GpuDeviceStats:
         reasons = [r for r in decode_clock_event_reasons(self.reason_mask) if r != "gpu_idle"]
@@ -190,6 +308,9 @@ class _DeviceAccumulator:
             sm_clock_mean_mhz=self.clock_sum / self.clock_n if self.clock_n else None,
             power_mean_w=self.power_sum / self.power_n if self.power_n else None,
             power_max_w=self.power_max,
+            energy_j=self.energy_j(),
+            temperature_mean_c=self.temp_sum / self.temp_n if self.temp_n else None,
+            temperature_max_c=self.temp_max,
             clock_event_reasons=reasons,
             throttle_reasons=[r for r in reasons if r in THROTTLING_REASONS],
             samples=self.samples,
@@ -215,8 +336,9 @@ class GpuSampler:
         gpu = sampler.stop()       # GpuTelemetry
 
     or ``with GpuSampler() as s: ...`` then ``s.result``. ``device_indices`` are NVML indices
-    (which ignore ``CUDA_VISIBLE_DEVICES``); by default every device is sampled. One sample is
-    taken at start and one at stop, so even a short run has readings.
+    (which ignore ``CUDA_VISIBLE_DEVICES``); by default the devices ``CUDA_VISIBLE_DEVICES`` (in
+    ``environ``, default ``os.environ``) leaves visible are sampled, as the fingerprint counts
+    them. One sample is taken at start and one at stop, so even a short run has readings.
     """
 
     def __init__(
@@ -224,11 +346,15 @@ class GpuSampler:
         *,
         interval_s: float = DEFAULT_GPU_INTERVAL_S,
         device_indices: Sequence[int] | None = None,
+        environ: Mapping[str, str] | None = None,
     ) -> None:
         if not interval_s > 0:
             raise ValueError(f"GPU telemetry interval_s must be > 0, got {interval_s!r}")
         self.interval_s = interval_s
         self.device_indices = None if device_indices is None else list(device_indices)
+        self.environ = environ
+        self._t_start: float | None = None
+        self._power_max_total: float | None = None
         self._nvml: ModuleType | None = None
         self._devices: list[_DeviceAccumulator] = []
         self._reason: str | None = None
@@ -250,19 +376,22 @@ class GpuSampler:
             return
         self._nvml = nvml
         try:
-            count = int(nvml.nvmlDeviceGetCount())
-            indices = list(range(count)) if self.device_indices is None else self.device_indices
-            bad = [i for i in indices if not 0 <= i < count]
-            if bad:
-                raise ValueError(
-                    f"GPU device indices {bad} out of range; NVML sees {count} device(s)"
-                )
-            for i in indices:
-                handle = nvml.nvmlDeviceGetHandleByIndex(i)
-                name = _text(_read(lambda: nvml.nvmlDeviceGetName(handle)) or "unknown")
+            listed = list_devices(nvml)
+            count = len(listed)
+            if self.device_indices is None:
+                chosen = visible_devices(listed, self.environ)
+            else:
+                bad = [i for i in self.device_indices if not 0 <= i < count]
+                if bad:
+                    raise ValueError(
+                        f"GPU device indices {bad} out of range; NVML sees {count} device(s)"
+                    )
+                chosen = [listed[i] for i in self.device_indices]
+            for dev in chosen:
+                handle = dev.handle
                 mem = _read(lambda: nvml.nvmlDeviceGetMemoryInfo(handle))
                 total = int(mem.total) if mem is not None else None
-                self._devices.append(_DeviceAccumulator(i, handle, name, total))
+                self._devices.append(_DeviceAccumulator(dev.index, dev.handle, dev.name, total))
         except ValueError:
             self._shutdown()
             raise
@@ -275,6 +404,7 @@ class GpuSampler:
             self._reason = "NVML found no GPU"
             self._shutdown()
             return
+        self._t_start = time.monotonic()
         self.sample_once()
         self._thread = threading.Thread(target=self._run, name="llmperf-gpu", daemon=True)
         self._thread.start()
@@ -303,6 +433,8 @@ class GpuSampler:
         if nvml is None:
             return
         with self._lock:
+            now = time.monotonic()
+            total_power: float | None = None
             for dev in self._devices:
                 h = dev.handle
                 dev.samples += 1
@@ -328,9 +460,28 @@ class GpuSampler:
                     dev.power_sum += watts
                     dev.power_n += 1
                     dev.power_max = watts if dev.power_max is None else max(dev.power_max, watts)
+                    if dev.power_last is not None:
+                        t0, w0 = dev.power_last
+                        dev.energy_integrated += (now - t0) * (w0 + watts) / 2.0
+                    dev.power_last = (now, watts)
+                    total_power = watts if total_power is None else total_power + watts
+                energy_mj = _read(lambda: nvml.nvmlDeviceGetTotalEnergyConsumption(h))
+                if energy_mj is not None:
+                    if dev.energy_counter_first is None:
+                        dev.energy_counter_first = float(energy_mj)
+                    dev.energy_counter_last = float(energy_mj)
+                temp = _read(lambda: nvml.nvmlDeviceGetTemperature(h, _NVML_TEMPERATURE_GPU))
+                if temp is not None:
+                    celsius = float(temp)
+                    dev.temp_sum += celsius
+                    dev.temp_n += 1
+                    dev.temp_max = celsius if dev.temp_max is None else max(dev.temp_max, celsius)
                 mask = self._reasons_mask(h)
                 if mask is not None:
                     dev.reason_mask |= mask
+            if total_power is not None:
+                self._power_max_total = (total_power if self._power_max_total is None
+                                         else max(self._power_max_total, total_power))
 
     def _shutdown(self) -> None:
         if self._nvml is not None:
@@ -353,8 +504,11 @@ class GpuSampler:
             return self.result
         with self._lock:
             devices = [d.stats() for d in self._devices]
+            power_max = self._power_max_total
         self._shutdown()
-        self.result = GpuTelemetry(available=True, interval_s=self.interval_s, devices=devices)
+        duration = time.monotonic() - self._t_start if self._t_start is not None else None
+        self.result = GpuTelemetry(available=True, interval_s=self.interval_s, devices=devices,
+                                   duration_s=duration, power_max_w=power_max)
         return self.result
 
     def __enter__(self) -> GpuSampler:
