@@ -59,7 +59,7 @@ def main() -> int:
         for label, n, sim_args in (("A/A", args.aa, JITTER),
                                    (f"slowdown {args.slowdown}", args.slow, f"{JITTER} --slowdown {args.slowdown}")):
             for i in range(n):
-                code, out = session(store, root / f"{label.split()[0]}-{i}", "--llmperf-baseline", "main",
+                code, out = session(store, root / f"{label.split()[0].replace('/', '')}-{i}", "--llmperf-baseline", "main",
                                     sim_args=sim_args)
                 results[label].append(code)
                 verdict = "red" if code else "green"
