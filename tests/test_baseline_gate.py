@@ -87,10 +87,34 @@ def test_too_few_requests_are_not_gated(pytester):
         """
     )
     args = ["-p", "no:cacheprovider", "--llmperf-sim-preset", "tiny"]
-    pytester.runpytest(*args, "--llmperf-save", "main").assert_outcomes(passed=1)
+    saved = pytester.runpytest(*args, "--llmperf-save", "main")
+    saved.assert_outcomes(passed=1)
+    # said when the baseline is saved ...
+    saved.stdout.fnmatch_lines(["*this baseline cannot gate test_small: p99 cannot be judged*"])
     result = pytester.runpytest(*args, "--llmperf-baseline", "main", "--llmperf-sim-args", "--slowdown 3")
     result.assert_outcomes(passed=1)
+    # ... and before any load is generated against it
+    result.stdout.fnmatch_lines(["*what the gate can judge against 'main', before any load:*",
+                                 "*test_small: p99 cannot be judged*"])
     result.stdout.fnmatch_lines(["*ttft_p99*NOT_GATED*"])
+
+
+def test_a_statistic_that_cannot_be_judged_fails_in_ci(pytester, monkeypatch):
+    pytester.makepyfile(
+        test_small="""
+        from pytest_llmperf import Workload, slo
+
+        @slo(ttft_p99=1.0)
+        def test_small(llmperf):
+            llmperf.run(Workload(input_tokens=32, output_tokens=8, rate_rps=40, num_requests=15))
+        """
+    )
+    args = ["-p", "no:cacheprovider", "--llmperf-sim-preset", "tiny"]
+    pytester.runpytest(*args, "--llmperf-save", "main").assert_outcomes(passed=1)
+    monkeypatch.setenv("CI", "true")
+    result = pytester.runpytest(*args, "--llmperf-baseline", "main")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*p99 cannot be judged*(fails under CI=true)*"])
 
 
 def test_missing_baseline_is_reported_not_failed_unless_strict(pytester):

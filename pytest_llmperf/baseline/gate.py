@@ -301,6 +301,34 @@ class GateSession:
     def failures(self) -> list[tuple[RunComparison, Comparison]]:
         return [(r, c) for r in self.runs for c in r.regressions(self.settings.strict)]
 
+    def reach(self, in_session: Callable[[str], bool]) -> list[str]:
+        """Before any load: the statistics of the selected tests this baseline cannot judge, and
+        those whose smallest detectable change is beyond twice the tolerance, one line each."""
+        lines = []
+        for key, entries in self.baseline.items():
+            if not entries or is_capacity(entries[0]) or not in_session(node_of(key)):
+                continue
+            entry = entries[0]
+            name = node_of(key).split("::")[-1]
+            for g in entry_gated_stats(entry):
+                floor = precision_floor(entry, g)
+                if floor is not None:
+                    lines.append(f"{name}: {floor}")
+                    continue
+                model = self.model.stats.get((key, g.key)) if self.model is not None else None
+                if model is None:
+                    continue
+                tolerance = self.tolerance_for(entry)
+                se = model.tau_total * math.sqrt(1.0 + 1.0 / max(model.sessions, 1))
+                detect = detectable_change(se, model.df, alpha=self.settings.alpha / (2 * self.family_size),
+                                           tolerance=tolerance)
+                if detect > 2 * tolerance:
+                    why = (f"{model.sessions} main session(s), below {MIN_SESSIONS}: the {PRIOR_SESSION_CV:.0%} prior stands "
+                           f"in for session noise" if model.prior else f"session CV {cv_of(model.tau_total):.1%}")
+                    lines.append(f"{name}: {g.key} can only be confirmed worse beyond {fmt_pct(detect)} ({why}); "
+                                 "the end-of-session tests may do better")
+        return lines
+
     def headline(self) -> str:
         return headline(self.runs)
 

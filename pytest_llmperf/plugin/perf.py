@@ -195,6 +195,10 @@ class LLMPerf:
             if not validity.valid:
                 lines.append(f"invalid run in {result.label} (nothing of it is gated; fails under {why}): "
                              + "; ".join(validity.reasons))
+        for comparison in self.comparisons:
+            for c in comparison.comparisons:
+                if c.verdict.value == "not_gated" and "cannot be judged" in c.reason:
+                    lines.append(f"{comparison.label}: {c.reason} (fails under {why})")
         return lines
 
     def failures(self) -> list[str]:

@@ -61,6 +61,7 @@ class LLMPerfSession:
         self.store = BaselineStore(options.store, keep=options.keep) if (options.save or options.baseline) else None
         self.gate: GateSession | None = None  # set when a baseline was found
         self.history_warnings: list[str] = []
+        self.reach_notes: list[str] = []
         self.baseline_source: str | None = None
         self.entries: dict[str, SavedEntry] = {}
         self.late_regressions: list[str] = []
@@ -152,6 +153,12 @@ class LLMPerfSession:
         self.gate = GateSession.from_sessions([run.run.get("tests") or {} for run in history.runs], settings,
                                               session_ids=[run.run_id for run in history.runs])
         self.gate.plan(lambda nodeid: nodeid in selected_tests)
+        self.reach_notes = self.gate.reach(lambda nodeid: nodeid in selected_tests)
+        tr = self.config.pluginmanager.get_plugin("terminalreporter")
+        if self.reach_notes and tr is not None:
+            tr.write_line(f"llmperf: what the gate can judge against {opts.baseline!r}, before any load:")
+            for line in self.reach_notes:
+                tr.write_line(f"  {line}")
 
     # ------------------------------------------------------------------ gating
 

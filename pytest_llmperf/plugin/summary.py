@@ -87,6 +87,8 @@ def _write_verdicts(tr: Any, session: LLMPerfSession) -> None:
         tr.write_line(f"REGRESSED after Holm correction across the session: {message}")
     if session.saved_path:
         tr.write_line(f"saved baseline {opts.save!r}: {session.saved_path}")
+        for line in unjudgeable(session.entries):
+            tr.write_line(f"  this baseline cannot gate {line}")
     if session.save_error:
         tr.write_line(f"could not save baseline {opts.save!r}: {session.save_error}", red=True)
     if session.report_paths:
@@ -95,3 +97,19 @@ def _write_verdicts(tr: Any, session: LLMPerfSession) -> None:
         tr.write_line(f"reports: {opts.report_path}/ ({', '.join(names)}{f', plots/ ({plots} files)' if plots else ''})")
     if session.report_error:
         tr.write_line(session.report_error, red=True)
+
+
+def unjudgeable(entries: Any) -> list[str]:
+    """The saved statistics whose trials are too small to judge (said when the baseline is saved)."""
+    from pytest_llmperf.baseline.compare import precision_floor
+    from pytest_llmperf.baseline.schema import entry_gated_stats, is_capacity
+
+    out = []
+    for key, entry in entries.items():
+        if is_capacity(entry):
+            continue
+        for g in entry_gated_stats(entry):
+            floor = precision_floor(entry, g)
+            if floor is not None:
+                out.append(f"{key.rsplit('#', 1)[0].split('::')[-1]}: {floor}")
+    return out
