@@ -158,7 +158,6 @@ def test_sessions_save_to_s3_then_compare_history_and_list(pytester, bucket, cap
                     "--llmperf-sim-args", "--slowdown 1.5")
     slow.assert_outcomes(failed=1)
     slow.stdout.fnmatch_lines(["*tpot_p50*REGRESSED*"])
-    assert [r.name for r in BaselineStore(url).runs("main")] == [r.name for r in BaselineStore(url).runs("main")]
     assert len(BaselineStore(url).runs("main")) == 2 and len(BaselineStore(url).runs("slow")) == 1
     capsys.readouterr()
     assert cli_main(["compare", "main", "slow", "--store", url]) == 1
