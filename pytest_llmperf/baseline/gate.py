@@ -368,4 +368,31 @@ def _last_change(matching: Sequence[tuple[int, SavedEntry]], *, alpha: float) ->
     return len(entries) - last if last else 0
 
 
-__all__ = ["GateSession", "GateSettings", "node_of"]
+# ``git bisect run`` reads an exit status as: 0 good, 1 bad, 125 cannot tell (skip this commit),
+# 128 and above abort the bisection.
+BISECT_GOOD, BISECT_BAD, BISECT_SKIP, BISECT_ABORT = 0, 1, 125, 128
+
+
+def bisect_status(runs: Sequence[RunComparison], *, ungated: bool = False) -> tuple[int, str]:
+    """The session's verdicts in ``git bisect run`` terms, with the reason: BAD when any statistic
+    REGRESSED; else SKIP when a verdict is INCONCLUSIVE, a run is not gated at all (``ungated``:
+    runs with no baseline counterpart or not comparable; or every statistic of a run NOT_GATED)
+    or nothing was compared; else GOOD (every gated statistic UNCHANGED or IMPROVED). A single
+    statistic NOT_GATED beside gated ones (e.g. a precision floor) does not make a run ungated."""
+    verdicts = [c.verdict for r in runs for c in r.comparisons]
+    regressed = sum(v is Verdict.REGRESSED for v in verdicts)
+    if regressed:
+        return BISECT_BAD, f"{regressed} statistic(s) regressed"
+    if not runs:
+        return BISECT_SKIP, "nothing was compared against the baseline"
+    inconclusive = sum(v is Verdict.INCONCLUSIVE for v in verdicts)
+    if inconclusive:
+        return BISECT_SKIP, f"{inconclusive} verdict(s) inconclusive"
+    blank = [r.key for r in runs if all(c.verdict is Verdict.NOT_GATED for c in r.comparisons)]
+    if ungated or blank:
+        return BISECT_SKIP, "some runs were not gated"
+    return BISECT_GOOD, "unchanged or improved"
+
+
+__all__ = ["BISECT_ABORT", "BISECT_BAD", "BISECT_GOOD", "BISECT_SKIP", "GateSession", "GateSettings",
+           "bisect_status", "node_of"]

@@ -15,6 +15,12 @@ so readers never see half a file and concurrent savers never share a temporary n
 Corrupt files are the user's data and are never deleted or overwritten by a session: reading
 one raises :class:`BaselineCorrupt` naming the file, pruning leaves it in place (and does not
 count it among the ``keep`` runs) with a warning, and only an explicit ``delete`` removes it.
+
+A root that is a URL (``s3://bucket/prefix``, ``gs://...``, ``az://...``) is a shared store on an
+object store, reached through fsspec (:class:`ObjectBaselineStore`; ``file://`` URLs are local
+directories). Object stores have no atomic rename, but a single PUT is never seen half-written:
+each saved run is one write-once object whose key is its unique run id, so two jobs saving under
+one name at once both keep their run, and listing and pruning go by key.
 """
 
 from __future__ import annotations
@@ -74,12 +80,29 @@ class StoreWarning(LLMPerfWarning):
 
 
 @dataclass(frozen=True)
+class ObjectPath:
+    """Where a saved run lives in an object store: its full URL (``s3://bucket/.../id.json.gz``)."""
+
+    url: str
+
+    @property
+    def name(self) -> str:
+        return self.url.rsplit("/", 1)[-1]
+
+    def __str__(self) -> str:
+        return self.url
+
+
+StorePath = Path | ObjectPath
+
+
+@dataclass(frozen=True)
 class RunEntry:
     """A saved run as listed from the directory, without reading the file."""
 
     name: str
     run_id: str
-    path: Path
+    path: StorePath
     saved_at: datetime
 
 
@@ -89,7 +112,7 @@ class SavedRun:
 
     name: str
     run_id: str
-    path: Path
+    path: StorePath
     saved_at: datetime
     schema_version: int
     run: dict[str, Any]
@@ -138,14 +161,55 @@ def _parse_run_id(run_id: str) -> datetime | None:
         return None
 
 
+def is_url(root: str | Path) -> bool:
+    """Whether a store root is a URL (``s3://...``) rather than a local directory."""
+    return isinstance(root, str) and re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", root) is not None
+
+
+def _local_root(root: str | Path) -> Path:
+    if isinstance(root, str) and root.startswith("file://"):
+        return Path(root[len("file://"):] or "/")
+    return Path(root)
+
+
+def _check_keep(keep: Any) -> None:
+    if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
+        raise StoreError(f"keep must be a positive integer or None, got {keep!r}")
+
+
+def _new_run_id(now: datetime) -> str:
+    return f"{now.strftime(_STAMP_FORMAT)}-{secrets.token_hex(4)}"
+
+
+def _document(name: str, run: Mapping[str, Any], now: datetime) -> bytes:
+    doc = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": DOC_KIND,
+        "name": name,
+        "saved_at": now.isoformat(),
+        "run": dict(run),
+    }
+    try:
+        return json.dumps(doc, default=_json_default, separators=(",", ":")).encode()
+    except (TypeError, ValueError) as exc:
+        raise StoreError(f"cannot save baseline {name!r}: run is not JSON-serializable: {exc}") from None
+
+
 class BaselineStore:
     """Saved runs under ``root`` (default ``.llmperf/``), keeping the newest ``keep`` per name
-    (``keep=None`` keeps all)."""
+    (``keep=None`` keeps all). A URL root (``s3://bucket/prefix``) gives an
+    :class:`ObjectBaselineStore`; ``file://`` URLs are local directories."""
+
+    root: Any
+
+    def __new__(cls, root: str | Path = DEFAULT_ROOT, keep: int | None = 10) -> BaselineStore:
+        if cls is BaselineStore and is_url(root) and not str(root).startswith("file://"):
+            return super().__new__(ObjectBaselineStore)
+        return super().__new__(cls)
 
     def __init__(self, root: str | Path = DEFAULT_ROOT, keep: int | None = 10):
-        if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
-            raise StoreError(f"keep must be a positive integer or None, got {keep!r}")
-        self.root = Path(root)
+        _check_keep(keep)
+        self.root = _local_root(root)
         self.keep = keep
 
     @property
@@ -185,19 +249,9 @@ class BaselineStore:
                 "choose a writable directory"
             ) from None
         now = datetime.now(timezone.utc)
-        run_id = f"{now.strftime(_STAMP_FORMAT)}-{secrets.token_hex(4)}"
+        run_id = _new_run_id(now)
         final = directory / f"{run_id}{SUFFIX}"
-        doc = {
-            "schema_version": SCHEMA_VERSION,
-            "kind": DOC_KIND,
-            "name": name,
-            "saved_at": now.isoformat(),
-            "run": dict(run),
-        }
-        try:
-            payload = json.dumps(doc, default=_json_default, separators=(",", ":")).encode()
-        except (TypeError, ValueError) as exc:
-            raise StoreError(f"cannot save baseline {name!r}: run is not JSON-serializable: {exc}") from None
+        payload = _document(name, run, now)
         # mkstemp gives a name no other process can get, opened exclusively; the leading dot
         # hides it from listings until the rename.
         try:
@@ -230,7 +284,7 @@ class BaselineStore:
         self._prune(name, protect=final)
         return final
 
-    def _prune(self, name: str, protect: Path) -> None:
+    def _prune(self, name: str, protect: StorePath) -> None:
         if self.keep is None:
             return
         # The file just written always survives and counts first, whatever its timestamp says
@@ -253,11 +307,14 @@ class BaselineStore:
             if kept < self.keep:
                 kept += 1
                 continue
-            try:
-                entry.path.unlink()
-            except FileNotFoundError:
-                pass
+            self._remove(entry.path)
         self._remove_stale_temps(self._name_dir(name))
+
+    def _remove(self, path: StorePath) -> None:
+        try:
+            Path(str(path)).unlink()
+        except FileNotFoundError:
+            pass
 
     @staticmethod
     def _remove_stale_temps(directory: Path) -> None:
@@ -382,13 +439,206 @@ class BaselineStore:
                 out.append(saved)
         return out
 
-    def load(self, path: str | Path) -> SavedRun:
+    def load(self, path: str | StorePath) -> SavedRun:
         """Read a saved run, or any result file (gzip or plain JSON) the user points at."""
-        return load_run(path)
+        return load_run(str(path) if isinstance(path, ObjectPath) else path)
 
     def _missing(self, name: str) -> BaselineMissing:
         return BaselineMissing(f"no baseline named {name!r} in {self.baselines_dir}",
                                remedy=f"create one by running with {{flag}} {name}", option="save")
+
+
+# fsspec protocol -> the pytest-llmperf extra that installs its backend.
+_EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure", "abfss": "azure",
+           "adl": "azure"}
+# Extra fsspec storage options for every store URL, as a JSON object (e.g. {"anon": true}).
+STORE_OPTIONS_ENV = "LLMPERF_STORE_OPTIONS"
+
+
+class ObjectBaselineStore(BaselineStore):
+    """Saved runs in an object store (S3, GCS, Azure, anything fsspec reaches) under the URL
+    ``root``, with the local store's layout: ``<root>/baselines/<name>/<run id>.json.gz``.
+
+    Each save is one PUT of a new key (the run id: UTC timestamp plus random hex), never an
+    overwrite, so concurrent savers cannot lose each other's runs; listings always go to the
+    server (no cached directory listings). Credentials come from the cloud SDK's usual
+    environment (``AWS_*``, ``GOOGLE_APPLICATION_CREDENTIALS``, ``AZURE_STORAGE_*``); a
+    non-AWS S3 endpoint (MinIO, Ceph...) is set with ``AWS_ENDPOINT_URL``. Messages name the
+    store's URL and the failure, never a credential.
+    """
+
+    def __init__(self, root: str | Path = DEFAULT_ROOT, keep: int | None = 10):
+        _check_keep(keep)
+        self.root = str(root).rstrip("/")
+        self.keep = keep
+        self.protocol = self.root.split("://", 1)[0].lower()
+        self._fs: Any = None
+        self._base = ""
+
+    # ------------------------------------------------------------------ plumbing
+
+    @property
+    def fs(self) -> Any:
+        if self._fs is None:
+            self._fs, self._base = self._connect()
+        return self._fs
+
+    def _connect(self) -> tuple[Any, str]:
+        extra = _EXTRAS.get(self.protocol)
+        install = f"pip install 'pytest-llmperf[{extra}]'" if extra else "pip install fsspec and the backend for it"
+        try:
+            import fsspec  # noqa: PLC0415 - optional, and only shared stores need it
+        except ImportError:
+            raise StoreError(f"baseline store {self.root}: a {self.protocol}:// store needs fsspec; {install}") from None
+        options: dict[str, Any] = {"skip_instance_cache": True}
+        raw = os.environ.get(STORE_OPTIONS_ENV)
+        if raw:
+            try:
+                more = json.loads(raw)
+            except json.JSONDecodeError as exc:
+                raise StoreError(f"{STORE_OPTIONS_ENV} must be a JSON object of fsspec storage options: {exc}") from None
+            if not isinstance(more, dict):
+                raise StoreError(f"{STORE_OPTIONS_ENV} must be a JSON object of fsspec storage options")
+            options.update(more)
+        try:
+            fs, base = fsspec.core.url_to_fs(self.root, **options)
+        except ImportError:
+            raise StoreError(f"baseline store {self.root}: the {self.protocol}:// backend is not installed; {install}") from None
+        except ValueError as exc:  # unknown protocol
+            raise StoreError(f"baseline store {self.root}: {exc}") from None
+        except Exception as exc:  # noqa: BLE001 - a backend's own setup error; its text names no secret
+            raise self._failed("connect to", exc) from None
+        return fs, str(base).rstrip("/")
+
+    @staticmethod
+    def _reason(exc: BaseException) -> str:
+        text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        return f"access denied: {text}" if isinstance(exc, PermissionError) else text
+
+    def _failed(self, what: str, exc: BaseException) -> StoreError:
+        return StoreError(f"baseline store {self.root}: cannot {what}: {self._reason(exc)}")
+
+    def _key(self, *parts: str) -> str:
+        _ = self.fs  # connects, setting _base
+        return "/".join([self._base, "baselines", *parts])
+
+    def _url(self, key: str) -> ObjectPath:
+        return ObjectPath(f"{self.protocol}://{key}")
+
+    @property
+    def baselines_dir(self) -> Any:
+        return f"{self.root}/baselines"
+
+    def _name_dir(self, name: str) -> Any:
+        return f"{self.baselines_dir}/{_dirname(validate_name(name))}"
+
+    def _ls(self, key: str) -> list[dict[str, Any]]:
+        try:
+            self.fs.invalidate_cache(key)
+            return list(self.fs.ls(key, detail=True, refresh=True))
+        except FileNotFoundError:
+            return []
+        except Exception as exc:  # noqa: BLE001 - network, permissions, no such bucket
+            raise self._failed(f"list {self._url(key)}", exc) from None
+
+    # ------------------------------------------------------------------ writing
+
+    def check_writable(self) -> None:
+        key = self._key(f".probe-{secrets.token_hex(8)}")
+        try:
+            self.fs.pipe_file(key, b"")
+        except Exception as exc:  # noqa: BLE001
+            raise StoreError(f"baseline store {self.root} is not writable ({self._reason(exc)}); "
+                             "choose a store this job may write to") from None
+        try:
+            self.fs.rm_file(key)
+        except Exception:  # noqa: BLE001, S110 - a probe left behind is harmless; the write worked
+            pass
+
+    def save(self, name: str, run: Mapping[str, Any]) -> Any:
+        validate_name(name)
+        if not isinstance(run, Mapping):
+            raise StoreError(f"cannot save baseline {name!r}: run must be a dict, got {type(run).__name__}")
+        now = datetime.now(timezone.utc)
+        run_id = _new_run_id(now)
+        payload = gzip.compress(_document(name, run, now), compresslevel=6, mtime=0)
+        key = self._key(_dirname(name), f"{run_id}{SUFFIX}")
+        try:
+            self.fs.pipe_file(key, payload)  # one PUT: readers see all of it or nothing
+        except Exception as exc:  # noqa: BLE001
+            raise self._failed(f"write baseline {self._url(key)}", exc) from None
+        final = self._url(key)
+        self._prune(name, protect=final)
+        return final
+
+    def _remove(self, path: StorePath) -> None:
+        key = str(path).split("://", 1)[-1]
+        try:
+            self.fs.rm_file(key)
+        except FileNotFoundError:
+            pass
+        except Exception as exc:  # noqa: BLE001
+            raise self._failed(f"delete {path}", exc) from None
+
+    @staticmethod
+    def _remove_stale_temps(directory: Any) -> None:
+        return  # object stores have no temporary files
+
+    def delete(self, name: str, run_id: str | None = None) -> int:
+        entries = self.runs(name)
+        if run_id is None:
+            if not entries:
+                raise self._missing(name)
+            for entry in entries:
+                self._remove(entry.path)
+            return len(entries)
+        match = [e for e in entries if e.run_id == run_id]
+        if not match:
+            known = ", ".join(e.run_id for e in entries[:5]) or "none"
+            raise BaselineMissing(f"baseline {name!r} has no run {run_id!r} in {self._name_dir(name)} (newest: {known})")
+        self._remove(match[0].path)
+        return 1
+
+    # ------------------------------------------------------------------ reading
+
+    def names(self) -> list[str]:
+        out = []
+        for item in self._ls(self._key()):
+            if item.get("type") != "directory":
+                continue
+            name = _name_from_dirname(str(item["name"]).rstrip("/").rsplit("/", 1)[-1])
+            try:
+                validate_name(name)
+            except StoreError:
+                continue
+            if self.runs(name):
+                out.append(name)
+        return sorted(out)
+
+    def runs(self, name: str) -> list[RunEntry]:
+        entries = []
+        for item in self._ls(self._key(_dirname(validate_name(name)))):
+            base = str(item["name"]).rsplit("/", 1)[-1]
+            if item.get("type") == "directory" or not base.endswith(SUFFIX):
+                continue
+            run_id = base[: -len(SUFFIX)]
+            saved_at = _parse_run_id(run_id)
+            if saved_at is not None:
+                entries.append(RunEntry(name, run_id, self._url(str(item["name"])), saved_at))
+        return sorted(entries, key=lambda e: e.run_id, reverse=True)
+
+    def load(self, path: str | StorePath) -> SavedRun:
+        if isinstance(path, Path) or (isinstance(path, str) and not is_url(path)):
+            return load_run(path)  # a local file the user points at
+        url = ObjectPath(str(path))
+        try:
+            raw = self.fs.cat_file(url.url.split("://", 1)[-1])
+        except FileNotFoundError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise self._failed(f"read {url}", exc) from None
+        stamp = _parse_run_id(url.name[: -len(SUFFIX)]) if url.name.endswith(SUFFIX) else None
+        return parse_run(raw, url, lambda: stamp or datetime.now(timezone.utc))
 
 
 def load_run(path: str | Path) -> SavedRun:
@@ -405,6 +655,12 @@ def load_run(path: str | Path) -> SavedRun:
         raise
     except OSError as exc:
         raise StoreError(f"{path}: cannot read baseline file: {exc.strerror or exc}") from None
+    return parse_run(raw, path, lambda: datetime.fromtimestamp(path.stat().st_mtime, tz=timezone.utc))
+
+
+def parse_run(raw: bytes, path: StorePath, mtime_of: Callable[[], datetime]) -> SavedRun:
+    """A saved run from the bytes of its file (see :func:`load_run`); ``mtime_of`` gives the
+    time to use when the document has none."""
     if raw[:2] == b"\x1f\x8b":
         try:
             raw = gzip.decompress(raw)
@@ -416,8 +672,8 @@ def load_run(path: str | Path) -> SavedRun:
         raise BaselineCorrupt(f"{path}: corrupt baseline file: not valid JSON ({exc})") from None
     if not isinstance(doc, dict):
         raise BaselineCorrupt(f"{path}: corrupt baseline file: expected a JSON object, got {type(doc).__name__}")
-    mtime = datetime.fromtimestamp(path.stat().st_mtime, tz=timezone.utc)
-    stem = path.name[: -len(SUFFIX)] if path.name.endswith(SUFFIX) else path.stem
+    mtime = mtime_of()
+    stem = path.name[: -len(SUFFIX)] if path.name.endswith(SUFFIX) else path.name.rsplit(".", 1)[0] or path.name
     if not ("run" in doc and "schema_version" in doc):
         # Not a store document (e.g. a JSON report): its own schema_version, if any, is not ours.
         return SavedRun(name=stem, run_id=stem, path=path, saved_at=mtime, schema_version=0, run=doc)
@@ -432,7 +688,7 @@ def load_run(path: str | Path) -> SavedRun:
     problems = []
     if not isinstance(doc["run"], dict):
         problems.append(f"'run' must be an object, got {type(doc['run']).__name__}")
-    name = doc.get("name", path.parent.name)
+    name = doc.get("name", _parent_name(path))
     if not isinstance(name, str):
         problems.append(f"'name' must be a string, got {name!r}")
     saved_at = mtime
@@ -444,6 +700,12 @@ def load_run(path: str | Path) -> SavedRun:
     if problems:
         raise BaselineCorrupt(f"{path}: corrupt baseline file: {'; '.join(problems)}")
     return SavedRun(name=name, run_id=stem, path=path, saved_at=saved_at, schema_version=version, run=doc["run"])
+
+
+def _parent_name(path: StorePath) -> str:
+    if isinstance(path, ObjectPath):
+        return _name_from_dirname(path.url.rsplit("/", 2)[-2])
+    return path.parent.name
 
 
 def _current_umask() -> int:

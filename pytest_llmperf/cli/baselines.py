@@ -6,7 +6,6 @@ import argparse
 import json
 import sys
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,8 +23,8 @@ def baselines_main(argv: list[str]) -> int:
     corrupt file."""
 
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--store", default=None, metavar="DIR",
-                        help=f"baseline store directory (default: {DEFAULT_ROOT})")
+    common.add_argument("--store", default=None, metavar="DIR|URL",
+                        help=f"baseline store: a directory or a URL such as s3://bucket/prefix (default: {DEFAULT_ROOT})")
     parser = argparse.ArgumentParser(prog="llmperf baselines", description="Inspect and manage saved baselines.")
     # Accepted before the subcommand too; a separate dest because a subparser's default would
     # otherwise overwrite the value given there.
@@ -46,7 +45,7 @@ def baselines_main(argv: list[str]) -> int:
         return int(exc.code or 0)
 
     args.store = args.store or args.store_before or str(DEFAULT_ROOT)
-    store = BaselineStore(Path(args.store), keep=None)
+    store = BaselineStore(str(args.store), keep=None)
     try:
         if args.command == "list":
             print(_format_list(store))

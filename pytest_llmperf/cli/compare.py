@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_llmperf.baseline.compare import RunComparison, headline
-from pytest_llmperf.baseline.gate import GateSession, GateSettings, node_of
+from pytest_llmperf.baseline.gate import BISECT_ABORT, GateSession, GateSettings, bisect_status, node_of
 from pytest_llmperf.baseline.history import load_history
-from pytest_llmperf.baseline.store import DEFAULT_ROOT, BaselineStore, StoreError, load_run
+from pytest_llmperf.baseline.store import DEFAULT_ROOT, BaselineStore, StoreError, StorePath, load_run
 from pytest_llmperf.errors import InputError, cli_flag, pytest_flag
 from pytest_llmperf.fingerprint import FingerprintError, FingerprintMismatch, valid_fields
 from pytest_llmperf.formatting import fmt_s, table
@@ -48,7 +48,7 @@ class RunSource:
     """One side of a comparison: where it came from and its run entries by key."""
 
     spec: str  # what the user typed
-    path: Path
+    path: StorePath
     entries: dict[str, SavedEntry]
     name: str | None = None  # the baseline name when read from the store
     # The saved sessions behind a baseline name (newest first, ``entries`` first of them), from
@@ -122,7 +122,7 @@ def load_side(spec: str, store: BaselineStore, history: int = 1) -> RunSource:
     return RunSource(spec, newest.path, entries, name=spec, sessions=sessions, session_ids=ids)
 
 
-def entries_from_document(doc: Any, path: Path) -> dict[str, SavedEntry]:
+def entries_from_document(doc: Any, path: StorePath) -> dict[str, SavedEntry]:
     """Run entries by key from a saved session (``tests`` maps keys to entries) or from an
     ``llmperf.json`` report (``tests`` lists tests, each with its ``runs``)."""
     if not isinstance(doc, Mapping) or "tests" not in doc:
@@ -144,7 +144,7 @@ def entries_from_document(doc: Any, path: Path) -> dict[str, SavedEntry]:
     return entries
 
 
-def _entries_from_report(tests: list[Any], path: Path) -> dict[str, dict[str, Any]]:
+def _entries_from_report(tests: list[Any], path: StorePath) -> dict[str, dict[str, Any]]:
     entries: dict[str, dict[str, Any]] = {}
     for i, test in enumerate(tests):
         runs = test.get("runs") if isinstance(test, Mapping) else None
@@ -383,8 +383,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("baseline", help="baseline name in the store (its newest run) or a saved run file (.json.gz / .json)")
     p.add_argument("candidate", help="the run to judge: a name in the store or a file, like BASELINE")
-    p.add_argument("--store", type=Path, default=DEFAULT_ROOT, metavar="DIR",
-                   help=f"baseline store directory (default: {DEFAULT_ROOT})")
+    p.add_argument("--store", default=str(DEFAULT_ROOT), metavar="DIR|URL",
+                   help=f"baseline store: a directory or a URL such as s3://bucket/prefix (default: {DEFAULT_ROOT})")
     p.add_argument("--tolerance", type=_fraction, default=DEFAULT_TOLERANCE, metavar="F",
                    help="relative change tolerated before a regression fails (default 0.05); "
                         "a test's @slo(tolerance=...) wins, as in the plugin")
@@ -397,6 +397,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fingerprint fields allowed to differ (e.g. gpu_driver,engine_version)")
     p.add_argument("--strict", action="store_true",
                    help="also fail on INCONCLUSIVE verdicts and on candidate runs with no baseline counterpart")
+    p.add_argument("--bisect", action="store_true",
+                   help="exit in git bisect run terms: 0 unchanged or improved, 1 regressed, 125 inconclusive or "
+                        "not gated (bisect skips the commit), 128 a usage or data error (bisect stops)")
     p.add_argument("--markdown", type=Path, metavar="OUT", help="write the Markdown summary (llmperf-summary.md) here")
     p.add_argument("--json", dest="json_out", type=Path, metavar="OUT", help="write the JSON report (llmperf.json) here")
     p.add_argument("--report-dir", type=Path, metavar="DIR",
@@ -423,12 +426,16 @@ def compare_main(argv: Sequence[str]) -> int:
     except (CompareError, StoreError) as exc:
         # Baselines are saved by pytest sessions, so a store's advice names the pytest option.
         print(f"{PROG}: error: {exc.render(pytest_flag)}", file=sys.stderr)
-        return 2
+        return BISECT_ABORT if args.bisect else 2
     except OSError as exc:
         print(f"{PROG}: error: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
+        return BISECT_ABORT if args.bisect else 2
     for path in written:
         print(f"wrote {path}")
+    if args.bisect:
+        code, why = bisect_status(result.runs, ungated=bool(result.only_candidate))
+        print(f"bisect: exit {code}: {why}")
+        return code
     return result.exit_code
 
 

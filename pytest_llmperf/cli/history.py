@@ -48,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description="Print each gated statistic over a baseline's saved "
                                 "sessions (oldest first), with change points marked '|'.")
     p.add_argument("name", help="baseline name in the store, e.g. main")
-    p.add_argument("--store", default=str(DEFAULT_ROOT), metavar="DIR", help=f"baseline store (default {DEFAULT_ROOT})")
+    p.add_argument("--store", default=str(DEFAULT_ROOT), metavar="DIR|URL",
+                   help=f"baseline store: a directory or a URL such as s3://bucket/prefix (default {DEFAULT_ROOT})")
     p.add_argument("--limit", type=int, default=max(DEFAULT_HISTORY, 50), metavar="N",
                    help="newest N sessions (default 50)")
     p.add_argument("--alpha", type=float, default=0.01, help="significance of a change point (default 0.01)")

@@ -82,7 +82,8 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("report-dir", "where server logs and reports go", ".llmperf/report"),
     OptionSpec("save", "save this session's results as baseline NAME (e.g. main)"),
     OptionSpec("baseline", "compare against baseline NAME and fail on regressions"),
-    OptionSpec("store", "baseline store directory", ".llmperf"),
+    OptionSpec("store", "baseline store: a directory or a URL such as s3://bucket/prefix (needs pytest-llmperf[s3], "
+               "[gcs] or [azure])", ".llmperf"),
     OptionSpec("keep", "saved runs kept per baseline name (default 20)", 20, _positive_int),
     OptionSpec("history", "sessions of the baseline's history the gate learns session noise from: the last N "
                "saved runs measured on the same setup, since the last change point (default 10)", 10, _positive_int),
@@ -90,6 +91,8 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("alpha", "significance level of the regression test (default 0.05)", 0.05, _fraction),
     OptionSpec("trials", "default number of trials per workload (a trial is a full run)", None, _positive_int),
     OptionSpec("strict", "fail INCONCLUSIVE comparisons and tests with no baseline", False, flag=True),
+    OptionSpec("bisect", "exit in git bisect run terms: 0 unchanged or improved, 1 regressed, 125 inconclusive or "
+               "not gated (bisect skips the commit)", False, flag=True),
     OptionSpec("allow-diff", "comma-separated fingerprint fields allowed to differ from the baseline"),
     OptionSpec("workers", "load-generator processes per workload (per Ray worker with --llmperf-ray-address)", 1, _positive_int),
     OptionSpec("ray-address", "send the load from a Ray cluster: auto, ray://HOST:10001 or HOST:6379 (needs pytest-llmperf[ray])"),

@@ -137,3 +137,5 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         from pytest_llmperf.plugin.summary import write_summary
 
         write_summary(terminalreporter, session)
+    if session is not None and session.bisect_line:
+        terminalreporter.write_line(session.bisect_line)

@@ -11,7 +11,15 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_llmperf.baseline.gate import GateSession, GateSettings
+from pytest_llmperf.baseline.gate import (
+    BISECT_ABORT,
+    BISECT_BAD,
+    BISECT_GOOD,
+    BISECT_SKIP,
+    GateSession,
+    GateSettings,
+    bisect_status,
+)
 from pytest_llmperf.baseline.history import load_history
 from pytest_llmperf.baseline.schema import SavedEntry, session_document
 from pytest_llmperf.baseline.store import BaselineMissing, BaselineStore, StoreError, StoreWarning, validate_name
@@ -66,6 +74,7 @@ class LLMPerfSession:
         self.entries: dict[str, SavedEntry] = {}
         self.late_regressions: list[str] = []
         self.saved_path: str | None = None
+        self.bisect_line: str | None = None
         self.save_error: str | None = None
         self.slo_checks: dict[str, list[SLOCheck]] = {}
         self.gate_errors: dict[str, str] = {}
@@ -282,6 +291,26 @@ class LLMPerfSession:
             except StoreError as exc:
                 self.save_error = str(exc)
                 session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
+        if self.options.bisect:
+            self._bisect_exit(session)
+
+    def _bisect_exit(self, session: pytest.Session) -> None:
+        """Replace the exit status with ``git bisect run``'s (see :func:`bisect_status`)."""
+        status = int(session.exitstatus)
+        if status not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED, pytest.ExitCode.NO_TESTS_COLLECTED):
+            code, why = BISECT_ABORT, f"the session itself failed (pytest exit status {status})"
+        elif not self.options.baseline:
+            code, why = BISECT_SKIP, "no baseline to compare against (--llmperf-baseline)"
+        elif self.gate is None:
+            code, why = BISECT_SKIP, f"no baseline named {self.options.baseline!r}"
+        else:
+            code, why = bisect_status(self.gate.runs, ungated=bool(self.missing_baseline or self.gate_errors))
+            failed_otherwise = status == pytest.ExitCode.TESTS_FAILED and code == BISECT_GOOD
+            if failed_otherwise:  # a test failed for another reason (an error, an SLO): cannot tell
+                code, why = BISECT_SKIP, "a test failed for a reason other than a regression"
+        label = {BISECT_GOOD: "good", BISECT_BAD: "bad", BISECT_SKIP: "skip"}.get(code, "abort")
+        self.bisect_line = f"llmperf bisect: exit {code} ({label}): {why}"
+        session.exitstatus = code
 
     def document(self) -> dict[str, Any]:
         from pytest_llmperf.report.document import build_document

@@ -1,0 +1,198 @@
+"""A shared baseline store on S3, against a local S3-compatible server (moto's server mode) the
+tests start: save, list, prune, compare and history through the URL store; two concurrent saves
+under one name both kept; a store that refuses writes or cannot be reached stops the session
+before any load; a missing cloud backend names the extra to install; no credential is printed."""
+
+import importlib
+import os
+import secrets
+import sys
+import threading
+
+import pytest
+
+moto_server = pytest.importorskip("moto.server", reason="needs moto[server] (in the dev extra)")
+pytest.importorskip("s3fs", reason="needs s3fs (pytest-llmperf[s3], in the dev extra)")
+boto3 = pytest.importorskip("boto3", reason="needs boto3 (in the dev extra)")
+
+from pytest_llmperf.baseline.history import load_history  # noqa: E402
+from pytest_llmperf.baseline.store import BaselineStore, ObjectBaselineStore, StoreError  # noqa: E402
+from pytest_llmperf.cli.main import main as cli_main  # noqa: E402
+
+SECRET = "s3cr3t-never-printed-" + secrets.token_hex(4)
+
+SUITE = """
+from pytest_llmperf import Workload, slo
+
+MARKER = {marker!r}
+
+
+@slo(tpot_p50=0.05)
+def test_tiny(llmperf):
+    open(MARKER, "a").close()  # proves the test body (and so the load) ran
+    llmperf.run(Workload(input_tokens=64, output_tokens=16, rate_rps=20, num_requests=30, warmup_requests=3))
+"""
+
+
+@pytest.fixture(scope="module")
+def endpoint():
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def s3_env(endpoint, monkeypatch):
+    """Credentials and endpoint as a CI job would set them: the SDK's own variables."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "LLMPERF_STORE_OPTIONS"):
+        monkeypatch.delenv(name, raising=False)
+    return endpoint
+
+
+@pytest.fixture
+def bucket(s3_env):
+    name = f"perf-{secrets.token_hex(4)}"
+    boto3.client("s3", endpoint_url=s3_env).create_bucket(Bucket=name)
+    return name
+
+
+def _doc(i: int) -> dict:
+    return {"tests": {}, "i": i}
+
+
+def test_url_root_gives_an_object_store_and_file_urls_stay_local(tmp_path):
+    assert isinstance(BaselineStore("s3://bucket/prefix"), ObjectBaselineStore)
+    local = BaselineStore(f"file://{tmp_path}/store")
+    assert type(local) is BaselineStore and local.root == tmp_path / "store"
+    assert type(BaselineStore(tmp_path)) is BaselineStore
+
+
+def test_save_list_prune_load_delete_on_s3(bucket):
+    store = BaselineStore(f"s3://{bucket}/team/perf", keep=2)
+    store.check_writable()
+    paths = [store.save("feature/x", _doc(i)) for i in range(3)]
+    store.save("main", _doc(9))
+    assert str(paths[-1]).startswith(f"s3://{bucket}/team/perf/baselines/feature%2Fx/")
+    assert store.names() == ["feature/x", "main"]
+    runs = store.runs("feature/x")
+    assert [str(r.path) for r in runs] == [str(p) for p in paths[:0:-1]]  # newest first, oldest pruned
+    assert store.latest("feature/x").run == _doc(2)
+    assert store.get("feature/x", runs[1].run_id).run == _doc(1)
+    assert [r.run["i"] for r in store.history("feature/x")] == [2, 1]
+    assert [r.run_id for r in load_history(store, "feature/x").runs] == [r.run_id for r in runs]
+    assert store.delete("feature/x", runs[0].run_id) == 1
+    assert store.delete("feature/x") == 1
+    assert store.names() == ["main"]
+    with pytest.raises(StoreError, match="no baseline named 'feature/x'"):
+        store.latest("feature/x")
+
+
+def test_two_concurrent_saves_under_one_name_keep_both_runs(bucket):
+    barrier = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def save(i: int) -> None:
+        try:
+            store = BaselineStore(f"s3://{bucket}/shared", keep=10)  # one per job
+            barrier.wait()
+            store.save("main", _doc(i))
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=save, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    runs = BaselineStore(f"s3://{bucket}/shared").history("main")
+    assert sorted(r.run["i"] for r in runs) == [0, 1]
+
+
+def test_missing_bucket_and_unreachable_endpoint_are_clear_errors(s3_env, monkeypatch):
+    with pytest.raises(StoreError, match=r"s3://no-such-bucket-x/p is not writable \(.*bucket does not exist"):
+        BaselineStore("s3://no-such-bucket-x/p").check_writable()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    with pytest.raises(StoreError, match="not writable.*Could not connect") as excinfo:
+        BaselineStore("s3://bucket/p").check_writable()
+    assert SECRET not in str(excinfo.value)
+
+
+def test_missing_backend_names_the_extra(monkeypatch):
+    registry = importlib.import_module("fsspec.registry")._registry  # `fsspec.registry` is a read-only view
+
+    monkeypatch.setitem(sys.modules, "s3fs", None)  # as if s3fs were not installed
+    monkeypatch.delitem(registry, "s3", raising=False)  # nor imported already
+    with pytest.raises(StoreError, match=r"pip install 'pytest-llmperf\[s3\]'"):
+        BaselineStore("s3://bucket/p").names()
+    try:
+        import gcsfs  # noqa: F401
+    except ImportError:
+        with pytest.raises(StoreError, match=r"pytest-llmperf\[gcs\]"):
+            BaselineStore("gs://bucket/p").names()
+    monkeypatch.setitem(sys.modules, "fsspec", None)
+    with pytest.raises(StoreError, match=r"needs fsspec; pip install 'pytest-llmperf\[azure\]'"):
+        BaselineStore("az://container/p").names()
+
+
+# ---------------------------------------------------------------------- through pytest and the CLI
+
+
+def _session(pytester, *args):
+    return pytester.runpytest("-p", "no:cacheprovider", "--llmperf-sim-preset", "tiny", "--llmperf-trials", "2", *args)
+
+
+@pytest.mark.integration
+def test_sessions_save_to_s3_then_compare_history_and_list(pytester, bucket, capsys):
+    url = f"s3://{bucket}/ci"
+    pytester.makepyfile(test_tiny=SUITE.format(marker=str(pytester.path / "ran")))
+    _session(pytester, "--llmperf-store", url, "--llmperf-save", "main").assert_outcomes(passed=1)
+    _session(pytester, "--llmperf-store", url, "--llmperf-save", "main").assert_outcomes(passed=1)
+    slow = _session(pytester, "--llmperf-store", url, "--llmperf-save", "slow", "--llmperf-baseline", "main",
+                    "--llmperf-sim-args", "--slowdown 1.5")
+    slow.assert_outcomes(failed=1)
+    slow.stdout.fnmatch_lines(["*tpot_p50*REGRESSED*"])
+    assert len(BaselineStore(url).runs("main")) == 2 and len(BaselineStore(url).runs("slow")) == 1
+    capsys.readouterr()
+    assert cli_main(["compare", "main", "slow", "--store", url]) == 1
+    assert "REGRESSED" in capsys.readouterr().out
+    assert cli_main(["compare", "main", "slow", "--store", url, "--bisect"]) == 1
+    assert cli_main(["history", "main", "--store", url]) == 0
+    assert cli_main(["baselines", "list", "--store", url]) == 0
+    out = capsys.readouterr().out
+    assert "main" in out and "slow" in out
+    assert SECRET not in out + slow.stdout.str() + slow.stderr.str()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("case", ["no-bucket", "unreachable"])
+def test_store_that_cannot_take_the_save_stops_the_session_before_any_load(pytester, s3_env, monkeypatch, case):
+    marker = pytester.path / "ran"
+    pytester.makepyfile(test_tiny=SUITE.format(marker=str(marker)))
+    if case == "unreachable":
+        monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    result = _session(pytester, "--llmperf-store", "s3://no-such-bucket-y/ci", "--llmperf-save", "main")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    err = result.stderr.str()
+    assert "--llmperf-save main: baseline store s3://no-such-bucket-y/ci is not writable" in err
+    assert ("bucket does not exist" if case == "no-bucket" else "Could not connect") in err
+    assert not marker.exists() and "llmperf summary" not in result.stdout.str()
+    assert SECRET not in err + result.stdout.str()
+
+
+@pytest.mark.integration
+def test_unreachable_store_for_the_baseline_stops_the_session_before_any_load(pytester, s3_env, monkeypatch):
+    marker = pytester.path / "ran"
+    pytester.makepyfile(test_tiny=SUITE.format(marker=str(marker)))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    result = _session(pytester, "--llmperf-store", "s3://bucket/ci", "--llmperf-baseline", "main")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--llmperf-baseline main: baseline store s3://bucket/ci: cannot list" in result.stderr.str()
+    assert not marker.exists()
+    assert os.environ["AWS_SECRET_ACCESS_KEY"] not in result.stderr.str()
