@@ -164,6 +164,14 @@ def pooled_summary(trials: list[TrialResult], slo: SLO | None, throttle: str = "
     return with_invalid_reasons(pooled, [f"trial {t.index}: {r}" for t in trials for r in t.invalid_reasons])
 
 
+def merge_runs(first: RunResult, more: RunResult) -> RunResult:
+    """One run of the trials of two runs of the same workload (adaptive trials: the confirmation
+    trials continue the first ones' numbering)."""
+    offset = len(first.trials)
+    trials = [*first.trials, *(dataclasses.replace(t, index=t.index + offset) for t in more.trials)]
+    return dataclasses.replace(first, trials=trials, summary=pooled_summary(trials, first.slo))
+
+
 def with_invalid_reasons(summary: Summary, reasons: list[str]) -> Summary:
     """``summary`` marked invalid for ``reasons`` known outside its records (none: unchanged)."""
     if not reasons:
@@ -174,4 +182,4 @@ def with_invalid_reasons(summary: Summary, reasons: list[str]) -> Summary:
 
 
 __all__ = ["THROTTLE_POLICIES", "RunResult", "TrialResult", "generated_tokens", "pooled_gpu", "pooled_summary",
-           "with_gpu", "with_invalid_reasons"]
+           "merge_runs", "with_gpu", "with_invalid_reasons"]

@@ -181,6 +181,17 @@ class GateSession:
         self.runs.append(run)
         return run
 
+    def preview(self, key: str, candidate: SavedEntry) -> RunComparison | None:
+        """What :meth:`judge` would say, without recording anything (adaptive trials ask this
+        after the first trials to decide whether to run more)."""
+        n_runs, n_tracked, n_missing = len(self.runs), len(self._tracked), len(self.missing)
+        try:
+            return self.judge(key, candidate)
+        finally:
+            del self.runs[n_runs:]
+            del self._tracked[n_tracked:]
+            del self.missing[n_missing:]
+
     def _session_mode(self, key: str, run: RunComparison, candidate: SavedEntry, tolerance: float) -> None:
         """Replace each log-scale statistic's trial comparison with the session model's total test
         (Bonferroni over the family with half of α; the other half is spent at :meth:`finish`)."""

@@ -10,12 +10,17 @@ import httpx
 import pytest
 
 from pytest_llmperf.baseline.schema import capacity_entry, fingerprint_for, run_entry
+from pytest_llmperf.errors import LLMPerfError
 from pytest_llmperf.load.runner import Runner
 from pytest_llmperf.objectives import SLO, SLOError, check
 from pytest_llmperf.plugin.progress import ProgressPrinter
 from pytest_llmperf.plugin.state import nodeid_of
-from pytest_llmperf.stats import DEFAULT_TRIALS
+from pytest_llmperf.results import merge_runs
+from pytest_llmperf.stats import DEFAULT_TRIALS, Verdict
 from pytest_llmperf.workload import Workload
+
+# Trials run before the gate's tentative look (see LLMPerf._adaptive).
+ADAPTIVE_FIRST = 3
 
 if TYPE_CHECKING:
     from pytest_llmperf.baseline.compare import RunComparison
@@ -67,7 +72,11 @@ class LLMPerf:
         # A gate needs replicates: default to the calibrated trial count when saving or comparing
         # (see stats.DEFAULT_TRIALS and benchmarks/gate_calibration.py), one trial otherwise.
         gating_default = DEFAULT_TRIALS if (opts.save or opts.baseline) else 1
-        n_trials = trials or _marker_trials(self.slos) or workload.trials or opts.trials or gating_default
+        asked = trials or _marker_trials(self.slos) or workload.trials or opts.trials
+        n_trials = asked or gating_default
+        key = f"{nodeid_of(self._item)}#{len(self.results)}"
+        # Adaptive trials against a baseline with session history: see _adaptive.
+        adaptive = asked is None and self._session.gate is not None and key in self._session.gate.baseline
         printer = self._printer(self._item.name)
         runner = Runner(
             server.base_url,
@@ -86,7 +95,10 @@ class LLMPerf:
             throttle=opts.throttle,
         )
         try:
-            result = runner.run(workload, slo=self.slo, trials=n_trials)
+            if adaptive:
+                result = self._adaptive(runner, workload, key, server)
+            else:
+                result = runner.run(workload, slo=self.slo, trials=n_trials)
         finally:
             printer.done()
         checks = []
@@ -102,7 +114,6 @@ class LLMPerf:
             # A warm/cold result that is not what it claims must not pass silently.
             self.notes.append(cache.message)
             self.cache_failures.append(f"cache state did not hold in {result.label}: {cache.message}")
-        key = f"{nodeid_of(self._item)}#{len(self.results)}"
         self.results.append(result)
         self._session.results.append((nodeid_of(self._item), result))
         self._record_properties(result)
@@ -111,6 +122,34 @@ class LLMPerf:
                                       extra=self._session.fingerprint_extra(server), gpu=self._session.gpu_info())
         self._judge(key, run_entry(result, fingerprint, self.slos))
         return result
+
+    def _adaptive(self, runner: Runner, workload: Workload, key: str, server: ServerInfo) -> RunResult:
+        """Least GPU time: run :data:`ADAPTIVE_FIRST` trials and ask the gate for a tentative
+        verdict; when every statistic already reads UNCHANGED or IMPROVED (or cannot be judged),
+        stop; otherwise run confirmation trials up to :data:`~pytest_llmperf.stats.DEFAULT_TRIALS`
+        and let the gate decide on all of them.
+
+        The error rates hold without any correction: the only early stop is one that *accepts*,
+        and a regression is only ever declared on the final look, by the same test as without
+        adaptivity, so P(REGRESSED | no change) can only fall (a stop-to-accept rule removes
+        rejection paths, it never adds any). Power at the final look is that of the full trials.
+        """
+        first = runner.run(workload, slo=self.slo, trials=ADAPTIVE_FIRST)
+        gate = self._session.gate
+        assert gate is not None
+        fingerprint = fingerprint_for(first.workload, first.model, first.slo, server,
+                                      extra=self._session.fingerprint_extra(server), gpu=self._session.gpu_info())
+        try:
+            tentative = gate.preview(key, run_entry(first, fingerprint, self.slos))
+        except LLMPerfError:
+            tentative = None
+        settled = (Verdict.UNCHANGED, Verdict.IMPROVED, Verdict.NOT_GATED)
+        if tentative is not None and all(c.verdict in settled for c in tentative.comparisons):
+            self._item.user_properties.append(("llmperf.adaptive", f"stopped after {ADAPTIVE_FIRST} trials"))
+            return first
+        more = runner.run(workload, slo=self.slo, trials=DEFAULT_TRIALS - ADAPTIVE_FIRST)
+        self._item.user_properties.append(("llmperf.adaptive", f"confirmed with {DEFAULT_TRIALS} trials"))
+        return merge_runs(first, more)
 
     def capacity(self, workload: Workload, *, slo_attainment: float | None = None, start_rps: float | None = None,
                  step_s: float | None = None, warmup_s: float | None = None, growth: float = 2.0,
