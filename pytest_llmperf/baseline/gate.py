@@ -148,6 +148,13 @@ class GateSession:
         gate.model = estimate(model_sessions) if model_sessions else None
         return gate
 
+    @property
+    def _spot_share(self) -> int:
+        """α is split (union bound): with a session model, a quarter for the on-the-spot tests of
+        every statistic, a quarter for the session-wide test and half for the specific ones;
+        without one, all of it on the spot (and Holm at the end)."""
+        return 4 if self.model is not None else 1
+
     def plan(self, in_session: Callable[[str], bool]) -> int:
         """Fix the family size from the baseline's runs whose test ``in_session(node id)``."""
         m = 0
@@ -175,7 +182,7 @@ class GateSession:
             run = compare_capacity(key, base[0], candidate, tolerance=tolerance, alpha=s.alpha, allow=s.allow)
         else:
             run = compare_entries(key, base, candidate, tolerance=tolerance, alpha=s.alpha, allow=s.allow,
-                                  family_size=self.family_size)
+                                  family_size=self.family_size * self._spot_share)
             if self.model is not None:
                 self._session_mode(key, run, candidate, tolerance)
         self.runs.append(run)
@@ -194,7 +201,7 @@ class GateSession:
 
     def _session_mode(self, key: str, run: RunComparison, candidate: SavedEntry, tolerance: float) -> None:
         """Replace each log-scale statistic's trial comparison with the session model's total test
-        (Bonferroni over the family with half of α; the other half is spent at :meth:`finish`)."""
+        (Bonferroni over the family with a quarter of α; the rest is spent at :meth:`finish`)."""
         assert self.model is not None
         stats = {g.key: g for g in entry_gated_stats(candidate)}
         notes = self.notes.get(key, [])
@@ -224,10 +231,11 @@ class GateSession:
         lo, hi = test.interval(alpha)
         theta = test.estimate * sign
         ci = sorted((math.expm1(lo * sign), math.expm1(hi * sign)))
-        p_adj = min(1.0, test.p_value * 2 * self.family_size)
+        p_adj = min(1.0, test.p_value * self._spot_share * self.family_size)
         verdict, reason = decide(math.expm1(theta), ci[0], ci[1], p_adj, tolerance=tolerance, alpha=alpha,
                                  higher_is_better=sign < 0)
-        detect = detectable_change(test.se, test.df, alpha=alpha / (2 * self.family_size), tolerance=tolerance)
+        detect = detectable_change(test.se, test.df, alpha=alpha / (self._spot_share * self.family_size),
+                                   tolerance=tolerance)
         if model.prior and verdict is Verdict.REGRESSED and lo <= math.log1p(tolerance):
             verdict = Verdict.INCONCLUSIVE
             reason = (f"history of {model.sessions} main session(s), {MIN_SESSIONS} needed to measure session "
@@ -248,9 +256,9 @@ class GateSession:
     def finish(self) -> list[Comparison]:
         """The end-of-session tests; returns the verdicts that fail only after them.
 
-        Statistics judged by the session model get the session-wide and specific tests (a
-        quarter of α each, see :mod:`.sessions`); the others (error-rate counts, quick mode, runs
-        without history) get Holm's correction over the session with the on-the-spot half of α.
+        Statistics judged by the session model get the session-wide test (a quarter of α) and the
+        specific tests (half of α, Holm), see :mod:`.sessions`; without a session model every
+        statistic gets Holm's correction over the session instead.
         """
         if not self.runs:
             return []
@@ -260,9 +268,12 @@ class GateSession:
         others = [(ri, ci) for ri, r in enumerate(self.runs) for ci, c in enumerate(r.comparisons)
                   if (ri, ci) not in tracked]
         final = [dataclasses.replace(r, comparisons=list(r.comparisons)) for r in self.runs]
-        if others:
+        if others and self.model is None:
+            # Without a session model the whole α is the on-the-spot Bonferroni's; Holm's
+            # step-down over the session may find more. With one, the end-of-session budget
+            # belongs to the session tests (see the class docstring) and these keep their verdicts.
             adjusted = holm([dataclasses.replace(self.runs[ri].comparisons[ci],
-                                                 p_adjusted=min(1.0, self.runs[ri].comparisons[ci].p_value * 2))
+                                                 p_adjusted=self.runs[ri].comparisons[ci].p_value)
                              for ri, ci in others])
             for (ri, ci), comp in zip(others, adjusted):
                 final[ri].comparisons[ci] = comp
@@ -280,7 +291,7 @@ class GateSession:
         trials = {t.name: t.logs.trials for t in self._tracked}
         glob, specific = session_tests(self.model, badness, trials)
         flagged: dict[tuple[str, str], str] = {}
-        if glob.p_value * 4 < alpha:
+        if glob.p_value * 4 < alpha:  # a quarter of α
             for t in self._tracked:
                 if badness[t.name] > math.log1p(t.tolerance):
                     flagged[t.name] = (f"the whole session moved by {fmt_pct(math.expm1(glob.estimate))} against "
@@ -288,10 +299,10 @@ class GateSession:
         order = sorted(specific.items(), key=lambda kv: kv[1].p_value)
         tol = {t.name: t.tolerance for t in self._tracked}
         for rank, (name, test) in enumerate(order):
-            p_holm = test.p_value * 4 * (len(order) - rank)
+            p_holm = test.p_value * 2 * (len(order) - rank)  # half of α, Holm
             if p_holm >= alpha:
                 break
-            if badness[name] > math.log1p(tol[name]):
+            if max(badness[name], test.estimate) > math.log1p(tol[name]):
                 flagged.setdefault(name, f"worse by {fmt_pct(math.expm1(test.estimate))} beyond the session's "
                                          f"common shift (specific test, Holm p = {p_holm:.3g})")
         for t in self._tracked:
@@ -331,7 +342,7 @@ class GateSession:
                     continue
                 tolerance = self.tolerance_for(entry)
                 se = model.tau_total * math.sqrt(1.0 + 1.0 / max(model.sessions, 1))
-                detect = detectable_change(se, model.df, alpha=self.settings.alpha / (2 * self.family_size),
+                detect = detectable_change(se, model.df, alpha=self.settings.alpha / (self._spot_share * self.family_size),
                                            tolerance=tolerance)
                 if detect > 2 * tolerance:
                     why = (f"{model.sessions} main session(s), below {MIN_SESSIONS}: the {PRIOR_SESSION_CV:.0%} prior stands "

@@ -19,7 +19,8 @@ Estimates from the baseline's K sessions (since the last change point, same fing
     τ̂_g² = var_k(û_k),   τ̂_i,total² = var_k(D_{ik}),   τ̂_i² = var_k(D_{ik} − û_k)
     σ̂_i² = pooled within-session variance of the trials
 
-The per-statistic variances are shrunk towards the median over all statistics of the session,
+The per-statistic variances are shrunk towards the median over the same statistic of the other
+tests (over all statistics when fewer than three tests have it),
 (ν·τ̂_i² + ν₀·τ̂_pool²) / (ν + ν₀) with ν = K − 1 and ν₀ = :data:`PRIOR_DF`, so a short history
 borrows strength across statistics and tests; and floored (:data:`FLOOR_CV`) so a lucky quiet
 history cannot promise more precision than any real machine has. With fewer than
@@ -32,13 +33,16 @@ Tests, with θ̂_i = ȳ_i(candidate) − mean_k ȳ_{ik} and b_i = ±θ̂_i its "
 
 1. **On the spot** (as each test finishes): total test, SE² = τ_i,total²(1 + 1/K) + σ_i²·max(0,
    1/n_c − 1/n̄_b), Student's t with K − 1 + ν₀ degrees of freedom, Bonferroni over the session's
-   family with half the α budget (α/2m).
+   family with a quarter of the α budget (α/4m); every other gated statistic of the session (the
+   error rate's count test) is judged on the spot with the same share.
 2. **At the end of the session**, using every statistic the session measured:
    - session-wide: û = median_i b_i against SE_g² = τ_g²(1 + 1/K), with a quarter of α; when it
      is significant and beyond the tolerance, every statistic whose own estimate is beyond the
      tolerance is REGRESSED ("session-wide");
    - specific: r_i = b_i − û against SE_i² = τ_i²(1 + 1/K) + the trial term, Holm over the
-     statistics with a quarter of α.
+     statistics with half of α; REGRESSED when significant and r_i is beyond the tolerance
+     (the workload got worse relative to the machine it ran on, even if a fast launch hid part
+     of it in the total).
 
 By the union bound the whole suite's false-alarm rate stays at α or below, whatever the number
 of tests: the session-wide part is one test, and the specific parts have small variances (the
@@ -155,8 +159,14 @@ def estimate(sessions: Sequence[Mapping[tuple[str, str], SessionLogs]]) -> Sessi
         if len(d) >= MIN_SESSIONS:
             raw_total[n] = float(np.var([x for x, _ in d], ddof=1))
             raw_spec[n] = float(np.var([x - u for x, u in d], ddof=1))
-    pool_total = float(np.median(list(raw_total.values()))) if raw_total else prior_var
-    pool_spec = float(np.median(list(raw_spec.values()))) if raw_spec else prior_var
+    pool_total_all = float(np.median(list(raw_total.values()))) if raw_total else prior_var
+    pool_spec_all = float(np.median(list(raw_spec.values()))) if raw_spec else prior_var
+
+    def pooled(raw: dict[tuple[str, str], float], stat: str, fallback: float) -> float:
+        # Borrow strength from the same statistic of the other tests (a TPOT median is like other
+        # TPOT medians, not like a TTFT p95); from all statistics when it has too few peers.
+        peers = [v for (_, s), v in raw.items() if s == stat]
+        return float(np.median(peers)) if len(peers) >= MIN_SESSIONS else fallback
     for n in names:
         present = [s[n] for s in sessions if n in s]
         withins = [(p.within_var, p.trials - 1) for p in present if p.within_var is not None]
@@ -165,6 +175,8 @@ def estimate(sessions: Sequence[Mapping[tuple[str, str], SessionLogs]]) -> Sessi
         mean_trials = float(np.mean([p.trials for p in present]))
         if n in raw_total:
             nu = len(present) - 1
+            pool_total = pooled(raw_total, n[1], pool_total_all)
+            pool_spec = pooled(raw_spec, n[1], pool_spec_all)
             total = (nu * raw_total[n] + PRIOR_DF * pool_total) / (nu + PRIOR_DF)
             spec = (nu * raw_spec[n] + PRIOR_DF * pool_spec) / (nu + PRIOR_DF)
             prior = False

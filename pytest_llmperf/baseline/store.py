@@ -231,8 +231,8 @@ class BaselineStore:
             os.unlink(probe)
         except OSError as exc:
             raise StoreError(
-                f"baseline store {self.root} is not writable ({exc.strerror or exc}: {exc.filename or target}); "
-                "choose a writable directory"
+                f"baseline store {self.root} is not writable ({exc.strerror or exc}: {exc.filename or target})",
+                remedy="choose a writable directory with {flag} DIR", option="store",
             ) from None
 
     def save(self, name: str, run: Mapping[str, Any]) -> Path:
@@ -245,8 +245,8 @@ class BaselineStore:
             directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreError(
-                f"cannot create baseline directory {directory}: {exc.strerror or exc}; "
-                "choose a writable directory"
+                f"cannot create baseline directory {directory}: {exc.strerror or exc}",
+                remedy="choose a writable directory with {flag} DIR", option="store",
             ) from None
         now = datetime.now(timezone.utc)
         run_id = _new_run_id(now)
@@ -258,8 +258,8 @@ class BaselineStore:
             fd, tmp_name = tempfile.mkstemp(prefix=f".{run_id}.", suffix=".tmp", dir=directory)
         except OSError as exc:  # e.g. the directory turned read-only since check_writable()
             raise StoreError(
-                f"cannot write baseline in {directory}: {exc.strerror or exc}; "
-                "choose a writable directory"
+                f"cannot write baseline in {directory}: {exc.strerror or exc}",
+                remedy="choose a writable directory with {flag} DIR", option="store",
             ) from None
         tmp = Path(tmp_name)
         try:

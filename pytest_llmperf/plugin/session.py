@@ -140,7 +140,7 @@ class LLMPerfSession:
             try:
                 self.store.check_writable()
             except StoreError as exc:
-                raise pytest.UsageError(f"--llmperf-save {opts.save}: {exc} with --llmperf-store DIR") from None
+                raise pytest.UsageError(f"--llmperf-save {opts.save}: {exc.render(pytest_flag)}") from None
         if not opts.baseline:
             return
         try:
@@ -289,7 +289,7 @@ class LLMPerfSession:
                 path = self.store.save(self.options.save, session_document(self.entries))
                 self.saved_path = str(path)
             except StoreError as exc:
-                self.save_error = str(exc)
+                self.save_error = exc.render(pytest_flag)
                 session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
         if self.options.bisect:
             self._bisect_exit(session)
