@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-RUNS = 10
+RUNS = 30
 TARGET_MS = 50.0
 
 
