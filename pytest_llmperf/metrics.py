@@ -24,7 +24,7 @@ import numpy as np
 from pytest_llmperf.records import PHASE_MEASURE, PHASE_WARMUP, RequestRecord
 
 
-class SLO(Protocol):
+class GoodnessRule(Protocol):
     """What the metrics need of an SLO (:class:`pytest_llmperf.objectives.SLO`): whether one
     request was good. A protocol, so metrics stay below objectives (which builds on them)."""
 
@@ -354,7 +354,7 @@ def _measured(records: Sequence[RequestRecord]) -> list[RequestRecord]:
 
 
 def per_request_samples(
-    records: Sequence[RequestRecord], *, slo: SLO | None = None
+    records: Sequence[RequestRecord], *, slo: GoodnessRule | None = None
 ) -> dict[str, np.ndarray]:
     """Raw per-request arrays over measured requests, in scheduled order (ties by index), for
     baseline comparison (block bootstrap over the request sequence).
@@ -445,7 +445,7 @@ def censored_stat(
     return censored_percentile(values_with_failures, _PERCENTILES[stat]), n, failed
 
 
-def _is_good(record: RequestRecord, slo: SLO | None) -> bool:
+def _is_good(record: RequestRecord, slo: GoodnessRule | None) -> bool:
     if slo is None:
         return record.ok
     return slo.is_good(record)
@@ -672,7 +672,7 @@ def _rate(count: float, span_s: float) -> float:
 def summarize(
     records: Sequence[RequestRecord],
     *,
-    slo: SLO | None = None,
+    slo: GoodnessRule | None = None,
     window_s: tuple[float, float] | None = None,
     loop_lag_p99_s: float | None = None,
 ) -> Summary:
@@ -694,7 +694,7 @@ def summarize(
 
 def _summarize(
     records: Sequence[RequestRecord],
-    slo: SLO | None,
+    slo: GoodnessRule | None,
     window_s: tuple[float, float] | None,
     loop_lag_p99_s: float | None,
     split_types: bool,

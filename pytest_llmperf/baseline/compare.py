@@ -5,10 +5,9 @@ threshold of the test's main SLO (``ttft_p95``...), every latency threshold of i
 (``rag:ttft_p95``, trials mode only: per-request samples carry no type), goodput and the error
 rate. The decision itself lives in :mod:`pytest_llmperf.stats`; this module picks trials mode (at
 least two trials on each side) or quick mode (per-request sequences), compares the error rate as
-pooled counts, applies the percentile floor, and the multiplicity corrections the gate session
-asks for: Bonferroni with the session's family size while a test runs, then Holm over everything
-at the end, which can only find more regressions, never fewer. Capacity searches are gated by
-their search brackets.
+pooled counts, applies the percentile floor, and Bonferroni with the family size the gate session
+asks for; the session-level corrections live in :mod:`pytest_llmperf.baseline.gate`. Capacity
+searches are gated by their search brackets.
 
 Failures count: per-trial latency statistics hold failed and cancelled requests as +inf (a
 percentile beyond every successful request is +inf); :func:`_compare_trial_values` states how
@@ -42,7 +41,6 @@ from pytest_llmperf.stats import (
     effective_sample_size,
     estimate_run_cv,
     headline_from_counts,
-    holm,
 )
 
 if TYPE_CHECKING:
@@ -326,18 +324,6 @@ def _bonferroni(c: Comparison, m: int) -> Comparison:
     verdict, reason = decide(c.change, c.ci_low, c.ci_high, p, tolerance=c.tolerance, alpha=c.alpha,
                              higher_is_better=c.higher_is_better)
     return dataclasses.replace(c, p_adjusted=p, verdict=verdict, reason=reason)
-
-
-def session_holm(runs: Sequence[RunComparison]) -> list[RunComparison]:
-    """Holm across every gated statistic of the session; returns new RunComparisons."""
-    flat = [c for r in runs for c in r.comparisons]
-    adjusted = holm([dataclasses.replace(c, p_adjusted=c.p_value) for c in flat])
-    out, i = [], 0
-    for r in runs:
-        n = len(r.comparisons)
-        out.append(dataclasses.replace(r, comparisons=adjusted[i:i + n]))
-        i += n
-    return out
 
 
 def headline(runs: Sequence[RunComparison]) -> str:

@@ -68,7 +68,6 @@ MIN_SESSIONS = 3
 PRIOR_DF = 3
 PRIOR_SESSION_CV = 0.05
 FLOOR_CV = 0.003
-DEFAULT_SESSIONS = 10
 
 
 def _log_var(cv: float) -> float:
@@ -248,5 +247,5 @@ def detectable_change(se: float, df: float, *, alpha: float, tolerance: float, p
     return math.expm1(hurdle + _quantile(power, df) * se)
 
 
-__all__ = ["DEFAULT_SESSIONS", "MIN_SESSIONS", "PRIOR_SESSION_CV", "SessionLogs", "SessionModel", "SessionTest",
+__all__ = ["MIN_SESSIONS", "PRIOR_SESSION_CV", "SessionLogs", "SessionModel", "SessionTest",
            "StatModel", "detectable_change", "estimate", "session_logs", "session_tests", "total_test"]
