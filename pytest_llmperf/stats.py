@@ -127,6 +127,7 @@ __all__ = [
     "Comparison",
     "Verdict",
     "compare_counts",
+    "compare_paired",
     "compare_sequences",
     "compare_trials",
     "decide",
@@ -159,7 +160,7 @@ ERROR_RATE_FLOOR = 0.005
 # Bootstrap replicates of θ are clipped here so a side with zero goodput gives a finite,
 # maximally bad replicate instead of -inf (which breaks quantile interpolation).
 _THETA_CLIP = 20.0
-MODES = ("trials", "quick", "counts", "search")
+MODES = ("trials", "quick", "counts", "search", "sessions", "paired")
 
 
 class Verdict(str, enum.Enum):
@@ -264,6 +265,8 @@ class Comparison:
             ]
         if self.mode == "quick":
             parts.append("quick: 1 run per side")
+        elif self.mode == "paired":
+            parts.append(f"{self.n_candidate} A/B blocks")
         text = f"{head} ({', '.join(parts)})"
         if self.verdict in (Verdict.NOT_GATED, Verdict.INCONCLUSIVE) and self.reason:
             text += f": {self.reason}"
@@ -448,6 +451,68 @@ def compare_trials(
         p_worse = float(sps.t.sf(bad_theta / se, df))
         half = float(sps.t.ppf(1.0 - alpha, df)) * se
     return _build(common, _geomean(b), _geomean(c), theta, theta - half, theta + half, p_worse)
+
+
+def compare_paired(
+    name: str,
+    reference: Sequence[float],
+    candidate: Sequence[float],
+    *,
+    higher_is_better: bool,
+    tolerance: float = DEFAULT_TOLERANCE,
+    alpha: float = DEFAULT_ALPHA,
+    unit: str = "s",
+) -> Comparison:
+    """Paired trials (A/B mode): ``reference[i]`` and ``candidate[i]`` were measured in the same
+    block, back to back on the same machine.
+
+    Test: Student's one-sample t on the per-block differences d_i = log c_i − log r_i, with
+    n − 1 degrees of freedom; θ = mean(d), se = sd(d)/√n. Whatever drifts between blocks (a
+    warmer GPU, a noisy neighbour, the hour) moves both members of a block alike and cancels in
+    d_i, so it never reaches the verdict; what each launch draws on its own (a server restarted
+    per block) stays in sd(d) and is paid for honestly. Balanced order (ABBA) makes a linear
+    drift within blocks cancel too. Reported values are geometric means per side, as in
+    :func:`compare_trials`.
+    """
+    _check_common(name, tolerance, alpha)
+    r = _as_1d(reference, "reference", name)
+    c = _as_1d(candidate, "candidate", name)
+    common = dict(
+        name=name,
+        unit=unit,
+        higher_is_better=higher_is_better,
+        tolerance=tolerance,
+        alpha=alpha,
+        mode="paired",
+        n_baseline=r.size,
+        n_candidate=c.size,
+        method="paired Student t on per-block log ratios (A/B blocks)",
+    )
+    if r.size != c.size:
+        return _not_gated(common, f"unpaired trials: {r.size} reference vs {c.size} candidate")
+    for side, arr in (("reference", r), ("candidate", c)):
+        bad = ~np.isfinite(arr) | (arr <= 0)
+        if bad.any():
+            return _not_gated(
+                common,
+                f"{side} has trial values that are not finite and positive ({_preview(arr[bad])}), "
+                "so the log-ratio is undefined; absolute SLOs (error_rate, goodput) gate such runs",
+            )
+    if r.size < MIN_TRIALS:
+        return _not_gated(common, f"needs at least {MIN_TRIALS} blocks (got {r.size}); raise trials",
+                          baseline_value=_geomean(r), candidate_value=_geomean(c))
+    d = np.log(c) - np.log(r)
+    theta = float(d.mean())
+    df = d.size - 1
+    se = float(d.std(ddof=1)) / math.sqrt(d.size)
+    bad_theta = -theta if higher_is_better else theta
+    if se == 0.0:
+        p_worse = 0.0 if bad_theta > 0 else 1.0
+        half = 0.0
+    else:
+        p_worse = float(sps.t.sf(bad_theta / se, df))
+        half = float(sps.t.ppf(1.0 - alpha, df)) * se
+    return _build(common, _geomean(r), _geomean(c), theta, theta - half, theta + half, p_worse)
 
 
 # --------------------------------------------------------------------------- error rate

@@ -35,6 +35,7 @@ from pytest_llmperf.stats import (
     Comparison,
     Verdict,
     compare_counts,
+    compare_paired,
     compare_sequences,
     compare_trials,
     decide,
@@ -84,8 +85,13 @@ def compare_entries(
     alpha: float,
     allow: Sequence[str] = (),
     family_size: int = 1,
+    paired: bool = False,
 ) -> RunComparison:
     """Compare a candidate entry with baseline entries (the latest first, then pooled history).
+
+    ``paired``: the baseline is one reference entry measured in the same session, trial ``i`` of
+    each side in block ``i`` (A/B mode); trial statistics are then compared by the paired test
+    (:func:`~pytest_llmperf.stats.compare_paired`) instead of the two-sample one.
 
     Raises :class:`~pytest_llmperf.fingerprint.FingerprintMismatch` when the latest baseline's
     fingerprint differs from the candidate's in a field not allowed to differ.
@@ -107,7 +113,7 @@ def compare_entries(
         b_known = [v for v in b_vals if v is not None]
         c_known = [v for v in c_vals if v is not None]
         if len(b_vals) >= 2 and len(c_vals) >= 2 and len(b_known) == len(b_vals) and len(c_known) == len(c_vals):
-            comp = _compare_trial_values(g, b_known, c_known, tolerance=tolerance, alpha=alpha)
+            comp = _compare_trial_values(g, b_known, c_known, tolerance=tolerance, alpha=alpha, paired=paired)
             comp = _tail_floor(comp, g, baseline, candidate)
         elif g.request_type is not None:
             # Per-request samples carry no request type, so quick mode cannot split them.
@@ -256,7 +262,7 @@ def _censored_from_samples(trial: Mapping[str, Any], g: GatedStat) -> float | No
 
 
 def _compare_trial_values(g: GatedStat, b_vals: list[float], c_vals: list[float], *, tolerance: float,
-                          alpha: float) -> Comparison:
+                          alpha: float, paired: bool = False) -> Comparison:
     """Trials mode, with censored trial values made comparable.
 
     A per-trial percentile is +inf when more than its tail fraction of the trial's requests
@@ -279,11 +285,13 @@ def _compare_trial_values(g: GatedStat, b_vals: list[float], c_vals: list[float]
         cap = 2.0 * max(finite)
         b_vals = [cap if math.isinf(v) else v for v in b_vals]
         c_vals = [cap if math.isinf(v) else v for v in c_vals]
-    comp = compare_trials(g.key, b_vals, c_vals, higher_is_better=g.higher_is_better,
-                          tolerance=tolerance, alpha=alpha, unit=g.unit)
+    test = compare_paired if paired and len(b_vals) == len(c_vals) else compare_trials
+    comp = test(g.key, b_vals, c_vals, higher_is_better=g.higher_is_better,
+                tolerance=tolerance, alpha=alpha, unit=g.unit)
     if capped:
         b_inf = sum(1 for v in values[:len(b_vals)] if math.isinf(v))
-        note = (f"; failures as +inf: {b_inf} baseline and {capped - b_inf} candidate trials beyond every "
+        side = "reference" if paired else "baseline"
+        note = (f"; failures as +inf: {b_inf} {side} and {capped - b_inf} candidate trials beyond every "
                 "successful request, capped at 2x the largest finite value (the change is a lower bound)")
         comp = dataclasses.replace(comp, method=comp.method + note)
     return comp

@@ -15,7 +15,15 @@ history measured on the same setup), and for every candidate entry it is shown:
    Holm's step-down over everything judged, which can only add regressions.
 
 The family is every gated statistic of the baseline's test runs whose test is in this session
-(capacity brackets have no p-value and are not counted). The plugin passes the tests selected
+(capacity brackets have no p-value and are not counted).
+
+In A/B mode (:meth:`GateSession.against_reference`) the baseline is the reference server measured
+in the same session, block by block: each reference entry arrives just before its candidate
+(:meth:`GateSession.add_reference`), trial statistics are compared by the paired test, the family
+size is fixed up front from the selected tests' SLOs (:meth:`GateSession.plan_size`; never below
+what was judged so far), and the fingerprint fields that an A/B comparison exists to vary
+(:data:`AB_EXPECTED_DIFFS`: engine, its version, simulator preset, GPU, ``extra``) are shown, not
+refused. The plugin passes the tests selected
 after ``-k``/``-m``; the CLI passes the tests the candidate ran: for the same suite both count
 the same family.
 """
@@ -65,6 +73,10 @@ class GateSettings:
     strict: bool = False
 
 
+# What an A/B session compares on purpose: shown as allowed differences, never refused.
+AB_EXPECTED_DIFFS = ("engine", "engine_version", "sim_preset", "gpu_name", "gpu_count", "gpu_driver", "extra")
+
+
 def node_of(key: str) -> str:
     """The pytest node id of a run key ``<node id>#<index>``."""
     return key.rsplit("#", 1)[0]
@@ -99,7 +111,28 @@ class GateSession:
     missing: list[str] = field(default_factory=list)
     model: SessionModel | None = None
     notes: dict[str, list[str]] = field(default_factory=dict)  # per key: sessions left out, and why
+    paired: bool = False  # A/B mode: the baseline is the reference measured in this session
     _tracked: list[_Tracked] = field(default_factory=list)
+
+    @classmethod
+    def against_reference(cls, settings: GateSettings | None = None) -> GateSession:
+        """The gate of an A/B session (module docstring): empty until references arrive."""
+        settings = settings or GateSettings()
+        allow = tuple(dict.fromkeys((*settings.allow, *AB_EXPECTED_DIFFS)))
+        return cls({}, dataclasses.replace(settings, allow=allow), paired=True)
+
+    def add_reference(self, key: str, entry: SavedEntry) -> None:
+        """The reference's entry for ``key``, measured in the same blocks as the candidate's."""
+        if not self.paired:
+            raise ValueError("add_reference is for A/B sessions (GateSession.against_reference)")
+        assert isinstance(self.baseline, dict)
+        self.baseline[key] = [entry]
+
+    def plan_size(self, m: int) -> int:
+        """Fix the family size directly (A/B mode, where no baseline exists before the session:
+        the caller counts the gated statistics of the selected tests' SLOs)."""
+        self.family_size = max(1, m)
+        return self.family_size
 
     @classmethod
     def from_sessions(cls, sessions: Sequence[Mapping[str, SavedEntry]], settings: GateSettings | None = None, *,
@@ -181,8 +214,12 @@ class GateSession:
         if is_capacity(candidate):
             run = compare_capacity(key, base[0], candidate, tolerance=tolerance, alpha=s.alpha, allow=s.allow)
         else:
+            if self.paired:
+                # A run the plan did not foresee (a sweep calling run() again) widens the family.
+                judged = sum(len(r.comparisons) for r in self.runs) + len(entry_gated_stats(candidate))
+                self.family_size = max(self.family_size, judged)
             run = compare_entries(key, base, candidate, tolerance=tolerance, alpha=s.alpha, allow=s.allow,
-                                  family_size=self.family_size * self._spot_share)
+                                  family_size=self.family_size * self._spot_share, paired=self.paired)
             if self.model is not None:
                 self._session_mode(key, run, candidate, tolerance)
         self.runs.append(run)
@@ -416,5 +453,5 @@ def bisect_status(runs: Sequence[RunComparison], *, ungated: bool = False) -> tu
     return BISECT_GOOD, "unchanged or improved"
 
 
-__all__ = ["BISECT_ABORT", "BISECT_BAD", "BISECT_GOOD", "BISECT_SKIP", "GateSession", "GateSettings",
+__all__ = ["AB_EXPECTED_DIFFS", "BISECT_ABORT", "BISECT_BAD", "BISECT_GOOD", "BISECT_SKIP", "GateSession", "GateSettings",
            "bisect_status", "node_of"]

@@ -76,6 +76,14 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("health-path", "readiness path for --llmperf-server command (default /health)"),
     OptionSpec("sim-preset", "simulator preset (model/GPU pair) for --llmperf-server sim", "llama-3.1-8b-h100"),
     OptionSpec("sim-args", "extra simulator flags, e.g. \"--slowdown 1.3\""),
+    OptionSpec("ab-url", "A/B mode: the reference server, already running at this OpenAI base URL; the suite is "
+               "measured on both in alternating blocks and the candidate judged against the reference"),
+    OptionSpec("ab-server", "A/B mode: launch the reference from this preset (default: the candidate's "
+               "--llmperf-server); two launched servers take turns, restarted every block", None,
+               choices=SERVER_CHOICES),
+    OptionSpec("ab-server-cmd", "A/B mode: command line for a reference launched with --llmperf-ab-server command"),
+    OptionSpec("ab-server-args", "A/B mode: extra arguments for the reference's engine (the candidate's are not copied)"),
+    OptionSpec("ab-sim-args", "A/B mode: extra simulator flags for a simulated reference, e.g. \"--launch-jitter 0.03\""),
     OptionSpec("api-key-env", "environment variable holding the API key (never printed)"),
     OptionSpec("duration-scale", "multiply every workload's duration and warm-up (e.g. 0.2 for smoke runs)", 1.0, _positive_float),
     OptionSpec("startup-timeout", "seconds to wait for a launched server to become ready", 600.0, _positive_float),
@@ -123,6 +131,19 @@ class LLMPerfOptions:
     @property
     def sim_args(self) -> list[str]:
         return shlex.split(self.values.get("sim_args") or "")
+
+    @property
+    def ab_server_args(self) -> list[str]:
+        return shlex.split(self.values.get("ab_server_args") or "")
+
+    @property
+    def ab_sim_args(self) -> list[str]:
+        return shlex.split(self.values.get("ab_sim_args") or "")
+
+    @property
+    def ab(self) -> bool:
+        """A/B mode: any ``--llmperf-ab-*`` option given."""
+        return any(self.values.get(k) for k in ("ab_url", "ab_server", "ab_server_cmd", "ab_server_args", "ab_sim_args"))
 
     @property
     def report_path(self) -> Path:

@@ -45,11 +45,11 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     if errors:
         raise pytest.UsageError("invalid slo marker:\n  " + "\n  ".join(errors))
     if perf:
-        from pytest_llmperf.plugin.session import selected_tests
+        from pytest_llmperf.plugin.session import planned_family, selected_tests
 
         perf_session = get_session(config)
         perf_session.check_report_dir()
-        perf_session.prepare_baselines(selected_tests(items))
+        perf_session.prepare_baselines(selected_tests(items), family_size=planned_family(items))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -100,6 +100,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> 
             session.outcomes[nodeid_of(item)] = outcome
         elif report.failed and report.when == "teardown":
             session.outcomes[nodeid_of(item)] = "error"
+    if session is not None and session.ab_failure is not None and report.failed:
+        # A/B mode with a side down: nothing more can be compared, so nothing more is run.
+        item.session.shouldstop = (f"llmperf: the {session.ab_failed_side} server failed: "
+                                   "A/B session stopped, no verdict")
     return report
 
 
@@ -133,7 +137,8 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     session = existing_session(config)
-    if session is not None and (session.results or session.capacities or session.remote_summaries):
+    if session is not None and (session.results or session.capacities or session.remote_summaries
+                                or session.ab_failure is not None):
         from pytest_llmperf.plugin.summary import write_summary
 
         write_summary(terminalreporter, session)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from typing import TYPE_CHECKING, Any
@@ -16,6 +17,7 @@ from pytest_llmperf.objectives import SLO, SLOError, check
 from pytest_llmperf.plugin.progress import ProgressPrinter
 from pytest_llmperf.plugin.state import nodeid_of
 from pytest_llmperf.results import merge_runs
+from pytest_llmperf.servers.pair import CANDIDATE, REFERENCE, block_order
 from pytest_llmperf.stats import DEFAULT_TRIALS, Verdict
 from pytest_llmperf.workload import Workload
 
@@ -47,6 +49,7 @@ class LLMPerf:
         self.notes: list[str] = []
         self.cache_failures: list[str] = []
         self.capacities: list[CapacityResult] = []
+        self.references: list[RunResult] = []  # A/B mode: the reference's runs, block for block
 
     @property
     def slo(self) -> SLO | None:
@@ -67,38 +70,28 @@ class LLMPerf:
         if not isinstance(workload, Workload):
             raise TypeError(f"llmperf.run expects a Workload, got {type(workload).__name__}")
         opts = self._session.options
-        server = self.server
+        pair = self._session.pair
+        # In A/B mode every block picks its own server; asking for one here could launch one more.
+        server = self.server_for(CANDIDATE) if pair is not None and pair.info(CANDIDATE) else self.server
         workload = workload.scaled(opts.duration_scale)
         # A gate needs replicates: default to the calibrated trial count when saving or comparing
         # (see stats.DEFAULT_TRIALS and benchmarks/gate_calibration.py), one trial otherwise.
-        gating_default = DEFAULT_TRIALS if (opts.save or opts.baseline) else 1
+        gating_default = DEFAULT_TRIALS if (opts.save or opts.baseline or pair is not None) else 1
         asked = trials or _marker_trials(self.slos) or workload.trials or opts.trials
         n_trials = asked or gating_default
         key = f"{nodeid_of(self._item)}#{len(self.results)}"
         # Adaptive trials against a baseline with session history: see _adaptive.
         adaptive = asked is None and self._session.gate is not None and key in self._session.gate.baseline
         printer = self._printer(self._item.name)
-        runner = Runner(
-            server.base_url,
-            model=server.model,
-            api_key=self._session.api_key,
-            length_fields=server.length_fields,
-            metrics_url=server.metrics_url,
-            reset_cache_url=server.reset_cache_url,
-            progress=printer,
-            progress_interval_s=printer.interval_s,
-            workers=opts.workers if opts.workers > 1 else None,
-            ray_address=opts.ray_address,
-            ray_workers=opts.ray_workers,
-            # A server launched here runs on this machine's GPUs: watch them (NVML) in every trial.
-            gpu_telemetry=server.launched,
-            throttle=opts.throttle,
-        )
+        reference: RunResult | None = None
         try:
-            if adaptive:
-                result = self._adaptive(runner, workload, key, server)
+            if pair is not None:
+                result, reference = self._ab_blocks(workload, n_trials, printer)
+                server = self.server_for(CANDIDATE)
+            elif adaptive:
+                result = self._adaptive(self._runner(server, printer), workload, key, server)
             else:
-                result = runner.run(workload, slo=self.slo, trials=n_trials)
+                result = self._runner(server, printer).run(workload, slo=self.slo, trials=n_trials)
         finally:
             printer.done()
         checks = []
@@ -120,8 +113,60 @@ class LLMPerf:
         self._session.slo_checks[key] = list(result.slo_checks)
         fingerprint = fingerprint_for(result.workload, result.model, result.slo, server,
                                       extra=self._session.fingerprint_extra(server), gpu=self._session.gpu_info())
-        self._judge(key, run_entry(result, fingerprint, self.slos))
+        reference_entry = None
+        if reference is not None:
+            self.references.append(reference)
+            self._session.reference_results.append((nodeid_of(self._item), reference))
+            ref_server = self.server_for(REFERENCE)
+            ref_fingerprint = fingerprint_for(reference.workload, reference.model, reference.slo, ref_server,
+                                              extra=self._session.fingerprint_extra(ref_server),
+                                              gpu=self._session.gpu_info())
+            reference_entry = run_entry(reference, ref_fingerprint, self.slos)
+        self._judge(key, run_entry(result, fingerprint, self.slos), reference_entry)
         return result
+
+    def _runner(self, server: ServerInfo, printer: ProgressPrinter, **kwargs: Any) -> Runner:
+        opts = self._session.options
+        return Runner(
+            server.base_url,
+            model=server.model,
+            api_key=self._session.api_key,
+            length_fields=server.length_fields,
+            metrics_url=server.metrics_url,
+            reset_cache_url=server.reset_cache_url,
+            progress=printer,
+            progress_interval_s=printer.interval_s,
+            workers=opts.workers if opts.workers > 1 else None,
+            ray_address=opts.ray_address,
+            ray_workers=opts.ray_workers,
+            # A server launched here runs on this machine's GPUs: watch them (NVML) in every trial.
+            gpu_telemetry=server.launched,
+            throttle=opts.throttle,
+            **kwargs,
+        )
+
+    def server_for(self, side: str) -> ServerInfo:
+        """A/B mode: the side's last server (for fingerprints; it may be stopped by now)."""
+        pair = self._session.pair
+        assert pair is not None
+        info = pair.info(side)
+        assert info is not None, f"the {side} server was never started"
+        return info
+
+    def _ab_blocks(self, workload: Workload, blocks: int, printer: ProgressPrinter) -> tuple[RunResult, RunResult]:
+        """A/B mode: ``blocks`` blocks of one trial per side, in ABBA order (servers.pair); trial
+        ``i`` of each side's result is block ``i``, which the paired comparison relies on."""
+        measured: dict[str, list[RunResult]] = {CANDIDATE: [], REFERENCE: []}
+        for block in range(blocks):
+            for side in block_order(block):
+                server = self._session.ab_server(side)
+                printer.label = f"{self._item.name} [{side}, block {block + 1}/{blocks}]"
+                run = self._runner(server, printer).run(workload, slo=self.slo, trials=1)
+                connect_errors = sum(1 for r in run.records if r.error_kind == "connect")
+                self._session.ab_check(side, connect_errors)
+                measured[side].append(run)
+        candidate, reference = (functools.reduce(merge_runs, measured[side]) for side in (CANDIDATE, REFERENCE))
+        return candidate, reference
 
     def _adaptive(self, runner: Runner, workload: Workload, key: str, server: ServerInfo) -> RunResult:
         """Least GPU time: run :data:`ADAPTIVE_FIRST` trials and ask the gate for a tentative
@@ -195,8 +240,8 @@ class LLMPerf:
         self._judge(f"{nodeid_of(self._item)}#capacity{n - 1}", entry)
         return result
 
-    def _judge(self, key: str, entry: Any) -> None:
-        comparison, message = self._session.record(key, entry)
+    def _judge(self, key: str, entry: Any, reference: Any = None) -> None:
+        comparison, message = self._session.record(key, entry, reference)
         if comparison is not None:
             self.comparisons.append(comparison)
         elif message is not None:
@@ -256,7 +301,7 @@ class LLMPerf:
         for comparison in self.comparisons:
             bad = comparison.regressions(strict)
             if bad:
-                lines.append(f"performance regressed against baseline {self._session.options.baseline!r} in {comparison.label}:")
+                lines.append(f"performance regressed against {self._against()} in {comparison.label}:")
                 lines.extend(f"  {c.verdict.value.upper()}: {c.message()}" for c in bad)
         lines.extend(self._invalid_runs())
         lines.extend(self.gate_errors)
@@ -268,6 +313,11 @@ class LLMPerf:
             if death:
                 lines.append(death)
         return lines
+
+    def _against(self) -> str:
+        if self._session.pair is not None:
+            return self._session.reference_label()
+        return f"baseline {self._session.options.baseline!r}"
 
     def _server_death(self) -> str | None:
         """A line saying the launched server died (or stopped answering), with its log tail.

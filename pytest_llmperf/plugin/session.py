@@ -27,6 +27,7 @@ from pytest_llmperf.cli.options import LLMPerfOptions, OptionError, api_key_from
 from pytest_llmperf.errors import pytest_flag
 from pytest_llmperf.fingerprint import FingerprintMismatch
 from pytest_llmperf.servers.manager import ServerConfig, ServerInfo, ServerManager, ServerUnavailable
+from pytest_llmperf.servers.pair import CANDIDATE, REFERENCE, ServerPair, SideFailed
 from pytest_llmperf.servers.process import ProcessReaper
 
 if TYPE_CHECKING:
@@ -61,10 +62,19 @@ class LLMPerfSession:
                 api_key=api_key,
                 startup_timeout_s=options.startup_timeout,
                 log_dir=options.report_path,
+                label=CANDIDATE if options.ab else None,
             ),
             reaper=self.reaper,
         )
+        # A/B mode: the reference server, measured in alternating blocks with the candidate.
+        self.pair: ServerPair | None = None
+        self.ab_failure: str | None = None
+        self.ab_failed_side: str | None = None
+        if options.ab:
+            _check_ab_options(options)
+            self.pair = ServerPair(self.servers, ServerManager(_reference_config(options, api_key), reaper=self.reaper))
         self.results: list[tuple[str, RunResult]] = []
+        self.reference_results: list[tuple[str, RunResult]] = []  # A/B mode: the reference's runs
         self.capacities: list[tuple[str, CapacityResult]] = []
         self.store = BaselineStore(options.store, keep=options.keep) if (options.save or options.baseline) else None
         self.gate: GateSession | None = None  # set when a baseline was found
@@ -97,6 +107,8 @@ class LLMPerfSession:
     def close(self) -> None:
         try:
             self.servers.stop()
+            if self.pair is not None:
+                self.pair.stop()
         finally:
             self.reaper.stop_all()
             self.reaper.uninstall()
@@ -104,12 +116,76 @@ class LLMPerfSession:
                 _uninstall_sigterm()
 
     def server(self) -> ServerInfo:
+        if self.pair is not None:
+            return self.ab_server(CANDIDATE, setup=True)
         try:
             return self.servers.get()
         except ServerUnavailable as exc:
             message = exc.render(pytest_flag)
         # Outside the except block, so pytest shows the message once, without a chained traceback.
         pytest.fail(f"llmperf: {message}", pytrace=False)
+
+    # ------------------------------------------------------------------ A/B mode
+
+    def ab_server(self, side: str, *, setup: bool = False) -> ServerInfo:
+        """A/B mode: the side's server, ready for its next trial (see servers.pair); a side that
+        fails stops the whole session (:meth:`ab_abort`)."""
+        assert self.pair is not None
+        if self.ab_failure is not None:
+            pytest.fail(f"llmperf: A/B session stopped earlier: {self.ab_failure}", pytrace=False)
+        try:
+            return self.pair.ready(side) if setup else self.pair.use(side)
+        except SideFailed as exc:
+            failed = exc
+        # Outside the except block, so pytest shows the message once, without a chained traceback.
+        self.ab_abort(failed)
+        raise AssertionError("unreachable")  # ab_abort fails the test
+
+    def ab_check(self, side: str, connect_errors: int) -> None:
+        """After a trial: a side that died or stopped answering stops the session."""
+        assert self.pair is not None
+        try:
+            self.pair.check(side, connect_errors)
+            return
+        except SideFailed as exc:
+            failed = exc
+        self.ab_abort(failed)
+
+    def ab_abort(self, exc: SideFailed) -> None:
+        """Stop both servers and the session; the failing test says which side failed. No verdict
+        is given for the session (see :meth:`finish`)."""
+        assert self.pair is not None
+        message = exc.render(pytest_flag)
+        self.ab_failure, self.ab_failed_side = message.splitlines()[0], exc.side
+        self.pair.stop()  # the plugin's makereport hook then stops the session
+        pytest.fail(f"llmperf: {message}\n  both servers stopped; the session stops here and gives no verdict",
+                    pytrace=False)
+
+    def reference_label(self) -> str:
+        """How verdicts name what they were judged against in A/B mode."""
+        assert self.pair is not None
+        opts = self.options
+        if opts.ab_url:
+            return f"the reference at {opts.ab_url}"
+        info = self.pair.info(REFERENCE)
+        manager = self.pair.managers[REFERENCE]
+        preset = manager.config.preset
+        version = f" {info.version}" if info is not None and info.version else ""
+        args = [*manager.config.server_args, *(manager.config.sim_args if preset == "sim" else [])]
+        shown = f" with {' '.join(args)}" if args else ""
+        return f"the reference ({preset}{version}{shown})"
+
+    def launch_note(self) -> str | None:
+        """A/B mode: how often each side was launched and how long that took (not measured as load)."""
+        if self.pair is None:
+            return None
+        parts = []
+        for side in (REFERENCE, CANDIDATE):
+            times = self.pair.launch_times_s(side)
+            if times:
+                times = sorted(times)
+                parts.append(f"{side} launched {len(times)} time(s), median start-up {times[len(times) // 2]:.1f} s")
+        return "; ".join(parts) or None
 
     def check_report_dir(self) -> None:
         path = self.options.report_path
@@ -124,11 +200,23 @@ class LLMPerfSession:
                 "choose a writable directory"
             ) from None
 
-    def prepare_baselines(self, selected_tests: set[str]) -> None:
+    def prepare_baselines(self, selected_tests: set[str], *, family_size: int | None = None) -> None:
         """Check the save target and read the baseline once, before any load is generated; a bad
-        file stops the session."""
+        file stops the session. In A/B mode, set up the gate against the reference instead, with
+        ``family_size`` gated statistics planned (:func:`planned_family`)."""
         self.selected = set(selected_tests)
         self.baselines_prepared = True
+        if self.pair is not None:
+            from pytest_llmperf.plugin import distributed
+
+            if distributed.is_worker(self.config):
+                raise pytest.UsageError("A/B mode (--llmperf-ab-*) measures its two servers in turn from one "
+                                        "process; run it without pytest-xdist's -n")
+            opts = self.options
+            self.gate = GateSession.against_reference(GateSettings(
+                tolerance=opts.tolerance, alpha=opts.alpha, allow=tuple(opts.allowed_diffs), strict=opts.strict))
+            self.gate.plan_size(family_size or 1)
+            return
         if self.store is None:
             return
         opts = self.options
@@ -171,11 +259,16 @@ class LLMPerfSession:
 
     # ------------------------------------------------------------------ gating
 
-    def record(self, key: str, entry: SavedEntry) -> tuple[Any, str | None]:
-        """Keep an entry for the reports and a save; against a baseline, judge it. Returns the
-        comparison (None when not compared) and a note or gate error message."""
+    def record(self, key: str, entry: SavedEntry, reference: SavedEntry | None = None) -> tuple[Any, str | None]:
+        """Keep an entry for the reports and a save; against a baseline (or, in A/B mode, the
+        ``reference`` measured in the same blocks), judge it. Returns the comparison (None when
+        not compared) and a note or gate error message."""
         self.entries[key] = entry
-        name = self.options.baseline
+        if reference is not None and self.gate is not None and self.gate.paired:
+            self.gate.add_reference(key, reference)
+            name = "reference"
+        else:
+            name = self.options.baseline
         if not name:
             return None, None
         if self.gate is None:
@@ -183,7 +276,7 @@ class LLMPerfSession:
         try:
             comparison = self.gate.judge(key, entry)
         except FingerprintMismatch as exc:
-            message = f"baseline {name!r} not comparable: {exc.render(pytest_flag)}"
+            message = f"{name if self.pair is not None else f'baseline {name!r}'} not comparable: {exc.render(pytest_flag)}"
             self.gate_errors[key] = message
             return None, message
         if comparison is None:
@@ -268,13 +361,13 @@ class LLMPerfSession:
     # ------------------------------------------------------------------ the end
 
     def finish(self, session: pytest.Session, exitstatus: int) -> None:
-        if self.gate is not None:
+        if self.gate is not None and self.ab_failure is None:
             newly: list[Comparison] = self.gate.finish()
             if newly and session.exitstatus == 0:
                 # Holm over the whole session finds what the per-test Bonferroni bound could not.
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
                 self.late_regressions = [c.message() for c in newly]
-        if self.entries:
+        if self.entries or self.ab_failure is not None:
             self.write_reports()
         from pytest_llmperf.plugin.distributed import LOST_KEY
 
@@ -297,10 +390,17 @@ class LLMPerfSession:
     def _bisect_exit(self, session: pytest.Session) -> None:
         """Replace the exit status with ``git bisect run``'s (see :func:`bisect_status`)."""
         status = int(session.exitstatus)
-        if status not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED, pytest.ExitCode.NO_TESTS_COLLECTED):
+        if self.ab_failure is not None:
+            # A candidate that cannot be measured is a commit bisect skips; a reference that fails
+            # leaves nothing to compare any commit with.
+            if self.ab_failed_side == CANDIDATE:
+                code, why = BISECT_SKIP, f"the candidate server failed: {self.ab_failure}"
+            else:
+                code, why = BISECT_ABORT, f"the reference server failed: {self.ab_failure}"
+        elif status not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED, pytest.ExitCode.NO_TESTS_COLLECTED):
             code, why = BISECT_ABORT, f"the session itself failed (pytest exit status {status})"
-        elif not self.options.baseline:
-            code, why = BISECT_SKIP, "no baseline to compare against (--llmperf-baseline)"
+        elif not self.options.baseline and self.pair is None:
+            code, why = BISECT_SKIP, "no baseline to compare against (--llmperf-baseline or --llmperf-ab-*)"
         elif self.gate is None:
             code, why = BISECT_SKIP, f"no baseline named {self.options.baseline!r}"
         else:
@@ -318,16 +418,22 @@ class LLMPerfSession:
         info = self.servers.info
         server = self._server_doc(info) if info is not None else self.remote_server
         gate = self.gate
+        reference: dict[str, Any] | None = None
+        if self.pair is not None:
+            reference = {"label": self.reference_label(), "launches": self.launch_note(),
+                         "server": self._server_doc(self.pair.info(REFERENCE)), "stopped": self.ab_failure}
+        judged = gate is not None and self.ab_failure is None
         return build_document(
             self.entries,
             baseline=gate.baseline if gate is not None else None,
-            comparisons=gate.by_key() if gate is not None else {},
+            comparisons=gate.by_key() if judged and gate is not None else {},
             slo_checks=self.slo_checks,
             gate_errors=self.gate_errors,
             outcomes=self.outcomes,
             server=server,
-            baseline_name=self.options.baseline,
-            baseline_source=self.baseline_source,
+            baseline_name="reference" if reference is not None else self.options.baseline,
+            baseline_source=reference["label"] if reference is not None else self.baseline_source,
+            reference=reference,
             strict=self.options.strict,
         )
 
@@ -345,6 +451,52 @@ class LLMPerfSession:
             self.report_error = (f"could not write reports to {self.options.report_path}: "
                                  f"{type(exc).__name__}: {exc} (a pytest-llmperf bug: please report it)")
         self.config.hook.pytest_llmperf_report(config=self.config, document=doc)
+
+
+def planned_family(items: list[pytest.Item]) -> int:
+    """How many statistics the selected perf tests will gate, from their ``@slo`` markers (A/B
+    mode fixes its multiplicity family from this before any load; see baseline.gate)."""
+    from pytest_llmperf.baseline.schema import gated_stats
+    from pytest_llmperf.plugin.state import SLO_KEY, is_perf_item
+
+    m = 0
+    for item in items:
+        if not is_perf_item(item):
+            continue
+        slos = item.stash.get(SLO_KEY, [])
+        main = next((slo for slo in slos if not slo.request_type), None)
+        m += len(gated_stats(main, slos))
+    return m
+
+
+def _check_ab_options(options: LLMPerfOptions) -> None:
+    if options.baseline or options.save:
+        which = "--llmperf-baseline" if options.baseline else "--llmperf-save"
+        raise pytest.UsageError(f"A/B mode (--llmperf-ab-*) judges the candidate against the reference measured in "
+                                f"the same session; {which} works with stored runs: use one or the other")
+    if options.ab_url and (options.ab_server or options.ab_server_cmd):
+        raise pytest.UsageError("--llmperf-ab-url connects to a running reference; --llmperf-ab-server and "
+                                "--llmperf-ab-server-cmd launch one: give one or the other")
+
+
+def _reference_config(options: LLMPerfOptions, api_key: str | None) -> ServerConfig:
+    """The reference's server: its own ``--llmperf-ab-*`` options; the model, simulator preset,
+    health path and start-up timeout are the candidate's."""
+    preset = options.ab_server or ("command" if options.ab_server_cmd else options.server)
+    return ServerConfig(
+        preset=preset,
+        url=options.ab_url,
+        model=options.model,
+        command=options.ab_server_cmd,
+        server_args=options.ab_server_args,
+        sim_preset=options.sim_preset,
+        sim_args=options.ab_sim_args,
+        health_path=options.health_path,
+        api_key=api_key,
+        startup_timeout_s=options.startup_timeout,
+        log_dir=options.report_path,
+        label=REFERENCE,
+    )
 
 
 def selected_tests(items: list[pytest.Item]) -> set[str]:
@@ -385,4 +537,4 @@ def _uninstall_sigterm() -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-__all__ = ["LLMPerfSession", "Terminated", "selected_tests"]
+__all__ = ["LLMPerfSession", "Terminated", "planned_family", "selected_tests"]

@@ -21,7 +21,9 @@ def summary_lines(session: LLMPerfSession) -> dict[str, Any]:
     xdist worker sends them to the controller, which prints them)."""
     rows = []
     notes = []
-    for nodeid, result in session.results:
+    measured = [(nodeid, result, "") for nodeid, result in session.results]
+    measured += [(nodeid, result, " [reference]") for nodeid, result in session.reference_results]
+    for nodeid, result, side in measured:
         s = result.summary
         checks = result.slo_checks
         status = "-" if not checks else ("PASS" if all(c.passed for c in checks) else "FAIL")
@@ -34,7 +36,7 @@ def summary_lines(session: LLMPerfSession) -> dict[str, Any]:
         if digest:
             notes.append(f"{nodeid.split('::')[-1]}: {digest}")
         rows.append([
-            nodeid.split("::")[-1],
+            nodeid.split("::")[-1] + side,
             result.label,
             f"{s.completed}/{s.requests}",
             fmt_s(s.ttft_s.p50), fmt_s(s.ttft_s.p95),
@@ -51,6 +53,11 @@ def write_summary(tr: Any, session: LLMPerfSession) -> None:
     tr.write_sep("=", "llmperf summary")
     info = session.servers.info
     servers = [info.describe()] if info is not None else list(session.remote_servers)
+    if session.pair is not None:
+        reference = session.pair.info("reference")
+        servers = [f"candidate {line}" for line in servers]
+        if reference is not None:
+            servers.append(f"reference {reference.describe()}")
     for line in servers:
         tr.write_line(f"server: {line}")
     lines = summary_lines(session)
@@ -66,20 +73,33 @@ def write_summary(tr: Any, session: LLMPerfSession) -> None:
     _write_verdicts(tr, session)
 
 
+def _verdict_rows(session: LLMPerfSession) -> list[list[str]]:
+    rows = []
+    for comparison in session.comparisons:
+        for c in comparison.comparisons:
+            rows.append([comparison.label, c.name, c.verdict.value.upper(),
+                         c.message() if c.gated else f"{c.name}: {c.reason}"])
+    return rows
+
+
 def _write_verdicts(tr: Any, session: LLMPerfSession) -> None:
     opts = session.options
-    if opts.baseline:
+    if session.pair is not None:
+        if session.ab_failure is not None:
+            tr.write_line(f"A/B session stopped, no verdict: {session.ab_failure}", red=True)
+        elif session.comparisons:
+            tr.write_sep("-", f"against {session.reference_label()}: {headline(session.comparisons)}")
+            tr.write_line(table(["workload", "statistic", "verdict", "detail"], _verdict_rows(session), left=4))
+        note = session.launch_note()
+        if note:
+            tr.write_line(f"A/B blocks: {note} (start-up is not measured as load)")
+    elif opts.baseline:
         if session.baseline_source is None:
             tr.write_line(f"no baseline named {opts.baseline!r} in {opts.store}: run with --llmperf-save "
                           f"{opts.baseline} first (e.g. on the main branch) to create it")
         elif session.comparisons:
             tr.write_sep("-", f"against baseline {opts.baseline!r}: {headline(session.comparisons)}")
-            rows = []
-            for comparison in session.comparisons:
-                for c in comparison.comparisons:
-                    rows.append([comparison.label, c.name, c.verdict.value.upper(),
-                                 c.message() if c.gated else f"{c.name}: {c.reason}"])
-            tr.write_line(table(["workload", "statistic", "verdict", "detail"], rows, left=4))
+            tr.write_line(table(["workload", "statistic", "verdict", "detail"], _verdict_rows(session), left=4))
         if session.missing_baseline:
             tr.write_line(f"{len(session.missing_baseline)} run(s) had no counterpart in baseline "
                           f"{opts.baseline!r} (not gated): " + ", ".join(session.missing_baseline[:5]))

@@ -8,7 +8,8 @@ Shape (``schema_version`` 1; ``pytest_llmperf/schemas/llmperf-report.schema.json
     {
       "schema_version": 1, "plugin_version": "0.1.0", "created_at": "2026-...Z",
       "server": {"preset", "version", "model", "base_url", "startup_s"} | null,
-      "baseline": {"name", "source"} | null,
+      "baseline": {"name", "source", "kind": "stored" | "reference",
+                   "reference": {"label", "launches", "server", "stopped"} (A/B mode only)} | null,
       "headline": "1 regression, 5 unchanged",
       "counts": {"regressed": 1, "unchanged": 5, ...},
       "tests": [
@@ -53,9 +54,14 @@ def build_document(
     server: Mapping[str, Any] | None = None,
     baseline_name: str | None = None,
     baseline_source: str | None = None,
+    reference: Mapping[str, Any] | None = None,
     strict: bool = False,
 ) -> dict[str, Any]:
-    """Assemble the document from run entries (``gate.run_entry``) keyed ``<nodeid>#<i>``."""
+    """Assemble the document from run entries (``gate.run_entry``) keyed ``<nodeid>#<i>``.
+
+    ``reference``: in A/B mode, what the baseline is (the reference server measured in the same
+    session: its label, launches, server and, when a side failed, why the session stopped); the
+    baseline entries are then the reference's runs."""
     comparisons = comparisons or {}
     slo_checks = slo_checks or {}
     gate_errors = gate_errors or {}
@@ -100,12 +106,40 @@ def build_document(
         "plugin_version": __version__,
         "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "server": dict(server) if server else None,
-        "baseline": {"name": baseline_name, "source": baseline_source} if baseline_name else None,
+        "baseline": _baseline(baseline_name, baseline_source, reference),
         "strict": strict,
         "headline": headline_from_counts(counts),
         "counts": counts,
         "tests": list(tests.values()),
     }
+
+
+def _baseline(name: str | None, source: str | None, reference: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if not name:
+        return None
+    out: dict[str, Any] = {"name": name, "source": source, "kind": "reference" if reference is not None else "stored"}
+    if reference is not None:
+        out["reference"] = dict(reference)
+    return out
+
+
+def against(doc: Mapping[str, Any]) -> str | None:
+    """What the document's verdicts were judged against, in words: ``baseline `main` `` or the
+    A/B reference's label (None without either)."""
+    baseline = doc.get("baseline") or None
+    if not baseline:
+        return None
+    if baseline.get("kind") == "reference":
+        return str((baseline.get("reference") or {}).get("label") or "the reference")
+    return f"baseline `{baseline.get('name')}`"
+
+
+def side_label(doc: Mapping[str, Any]) -> str:
+    """The word for the other side in tables and plots: "reference" (A/B) or "baseline NAME"."""
+    baseline = doc.get("baseline") or {}
+    if baseline.get("kind") == "reference":
+        return "reference"
+    return f"baseline {baseline['name']}" if baseline.get("name") else "baseline"
 
 
 def without_samples(doc: Mapping[str, Any]) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_llmperf.formatting import fmt_pct, fmt_value
+from pytest_llmperf.report.document import against
 from pytest_llmperf.stats import Comparison
 
 GITHUB_COMMENT_LIMIT = 65_536
@@ -189,9 +190,9 @@ def _slo_cell(check: Mapping[str, Any] | None, unit: str) -> str:
     return f"{FAIL} **{measured}** ({limit})"
 
 
-def _table(rows: Sequence[Row], compared: bool, strict: bool, confidence: str) -> list[str]:
+def _table(rows: Sequence[Row], compared: bool, strict: bool, confidence: str, other: str = "baseline") -> list[str]:
     if compared:
-        lines = [f"| statistic | baseline → candidate | change | {confidence} | verdict | SLO |",
+        lines = [f"| statistic | {other} → candidate | change | {confidence} | verdict | SLO |",
                  "|---|---|---|---|---|---|"]
         for r in rows:
             v = r.verdict or {}
@@ -262,7 +263,7 @@ def headline(doc: Mapping[str, Any]) -> str:
     if baseline:
         compared = sum(int(n) for n in counts.values())
         text = doc.get("headline") if compared else "nothing compared"
-        parts.append(f"{text} against `{baseline.get('name')}`")
+        parts.append(f"{text} against {against(doc)}")
     with_slo = [t for t in tests if any(r.get("slo_checks") for r in t.get("runs") or [])]
     met = [t for t in with_slo if all(c.get("passed") for r in t.get("runs") or [] for c in r.get("slo_checks") or [])]
     slo_part = _plural(len(tests), "test")
@@ -291,7 +292,13 @@ def _context_line(doc: Mapping[str, Any]) -> str:
         engine = " ".join(str(server[k]) for k in ("preset", "version") if server.get(k))
         bits.append(f"server {engine or '?'}" + (f" serving `{server['model']}`" if server.get("model") else ""))
     baseline = doc.get("baseline") or {}
-    if baseline:
+    if baseline.get("kind") == "reference":
+        reference = baseline.get("reference") or {}
+        bits.append(f"A/B against {reference.get('label') or 'the reference'}, measured in alternating blocks"
+                    + (f" ({reference['launches']})" if reference.get("launches") else ""))
+        if reference.get("stopped"):
+            bits.append(f"{FAIL} **stopped, no verdict**: {reference['stopped']}")
+    elif baseline:
         bits.append(f"baseline `{baseline.get('name')}`" + (f" ({baseline['source']})" if baseline.get("source") else ""))
     first = next((v for _, r in iter_runs(doc) for v in r.get("verdicts") or []), None)
     if first is not None and isinstance(first.get("alpha"), (int, float)) and isinstance(first.get("tolerance"), (int, float)):
@@ -324,7 +331,8 @@ def _run_block(doc: Mapping[str, Any], test: Mapping[str, Any], run: Mapping[str
         first = next((r.verdict for r in rows if r.verdict is not None), None) or {}
         alpha = first.get("alpha")
         confidence = f"{(1 - 2 * alpha) * 100:g}% CI" if isinstance(alpha, (int, float)) else "interval"
-        lines += [""] + _table(rows, compared, strict, confidence)
+        other = "reference" if (doc.get("baseline") or {}).get("kind") == "reference" else "baseline"
+        lines += [""] + _table(rows, compared, strict, confidence, other)
     notes = _run_notes(doc, run, rows)
     links = _plot_links(plots, run.get("key"), base_dir)
     if links:
@@ -357,7 +365,7 @@ def _run_notes(doc: Mapping[str, Any], run: Mapping[str, Any], rows: Sequence[Ro
     if run.get("gate_error"):
         notes.append(f"{FAIL} **not compared**: {run['gate_error']}")
     elif doc.get("baseline") and not run.get("verdicts"):
-        notes.append(f"no entry in baseline `{(doc.get('baseline') or {}).get('name')}`: not compared")
+        notes.append(f"no entry in {against(doc)}: not compared")
     cache = run.get("cache_check") or {}
     if cache.get("held") is False:
         notes.append(f"{FAIL} **cache state did not hold**: {cache.get('message', '')}")

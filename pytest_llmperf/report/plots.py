@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from pytest_llmperf.baseline.samples import unpack_samples
+from pytest_llmperf.report.document import side_label
 from pytest_llmperf.report.files import atomic_write_bytes
 from pytest_llmperf.report.markdown import PLOTS_MISSING_NOTE, iter_runs, run_names
 
@@ -80,7 +81,7 @@ def write_plots(doc: Mapping[str, Any], out_dir: Path | str) -> PlotFiles:
     result = PlotFiles()
     stems: set[str] = set()
     names = run_names(doc)
-    baseline = (doc.get("baseline") or {}).get("name")
+    baseline = side_label(doc)  # "baseline main", or "reference" in A/B mode
     for _, run in iter_runs(doc):
         key = str(run.get("key"))
         raw = {m: (samples(run.get("trials")), samples(run.get("baseline_trials"))) for m in ("ttft_s", "tpot_s")}
@@ -174,7 +175,7 @@ def find_sweeps(doc: Mapping[str, Any]) -> list[Sweep]:
 
 
 def latency_figure(mpl: Any, title: str, run: Mapping[str, Any],
-                   series: Mapping[str, tuple[np.ndarray, np.ndarray]], baseline: str | None) -> Any:
+                   series: Mapping[str, tuple[np.ndarray, np.ndarray]], baseline: str) -> Any:
     fig = mpl.Figure(figsize=(10, 4))
     mpl.Canvas(fig)
     axes = fig.subplots(1, 2)
@@ -182,7 +183,7 @@ def latency_figure(mpl: Any, title: str, run: Mapping[str, Any],
     for ax, (metric, label) in zip(axes, (("ttft_s", "TTFT"), ("tpot_s", "TPOT"))):
         candidate, base = series[metric]
         top = 0.0
-        for values, who, color, style in ((base, f"baseline {baseline}" if baseline else "baseline", BASELINE_COLOR, "--"),
+        for values, who, color, style in ((base, baseline, BASELINE_COLOR, "--"),
                                           (candidate, "candidate", CANDIDATE_COLOR, "-")):
             if not values.size:
                 continue
@@ -225,7 +226,7 @@ def _slo_lines(ax: Any, slo: Mapping[str, Any], metric: str, top_s: float) -> No
             ax.plot([], [], " ", label=f"SLO {key} ≤ {limit * 1e3:g} ms (off scale)")
 
 
-def sweep_figure(mpl: Any, sweep: Sweep, baseline: str | None) -> Any:
+def sweep_figure(mpl: Any, sweep: Sweep, baseline: str) -> Any:
     fig = mpl.Figure(figsize=(10, 4))
     mpl.Canvas(fig)
     ax_good, ax_lat = fig.subplots(1, 2)
@@ -233,7 +234,7 @@ def sweep_figure(mpl: Any, sweep: Sweep, baseline: str | None) -> Any:
     axis_label = "offered rate (req/s)" if sweep.axis == "rate_rps" else "concurrency"
     sides = [("candidate", "summary", CANDIDATE_COLOR, "-")]
     if any(r.get("baseline_summary") for r in sweep.runs):
-        sides.insert(0, (f"baseline {baseline}" if baseline else "baseline", "baseline_summary", BASELINE_COLOR, "--"))
+        sides.insert(0, (baseline, "baseline_summary", BASELINE_COLOR, "--"))
     for who, field_name, color, style in sides:
         good = [_get(r.get(field_name), "goodput_rps") for r in sweep.runs]
         ax_good.plot(loads, good, marker="o", color=color, linestyle=style, label=f"{who} goodput")

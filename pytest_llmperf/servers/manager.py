@@ -74,6 +74,9 @@ class ServerConfig:
     api_key: str | None = None
     startup_timeout_s: float = 600.0
     log_dir: Path = Path(".llmperf/report")
+    # Which server this is when a session has two (A/B mode: "candidate", "reference"); it names
+    # the log files and the messages.
+    label: str | None = None
 
 
 class ServerManager:
@@ -85,6 +88,7 @@ class ServerManager:
         self._info: ServerInfo | None = None
         self._failure: str | None = None
         self._failures_reported = 0
+        self.launch_times_s: list[float] = []  # startup time of every launch, in order
 
     @property
     def info(self) -> ServerInfo | None:
@@ -107,7 +111,25 @@ class ServerManager:
         except (ServerStartError, EngineNotFound, PresetError, ServerUnavailable) as exc:
             self._failure = str(exc)
             raise ServerUnavailable(Exception.__str__(exc), remedy=exc.remedy, option=exc.option) from None
+        if self._info.startup_s is not None:
+            self.launch_times_s.append(self._info.startup_s)
         return self._info
+
+    @property
+    def launches(self) -> bool:
+        """Whether this manager launches its server (rather than connecting to a URL)."""
+        return not self.config.url
+
+    @property
+    def running(self) -> bool:
+        return self._info is not None and self._info.process is not None and self._info.process.alive()
+
+    def relaunch(self) -> ServerInfo:
+        """Stop the launched server (if running) and launch a fresh one: each launch draws its own
+        start-up state, as each CI job's does. ``info`` keeps the last server until then."""
+        self.stop()
+        self._info = None
+        return self.get()
 
     def stop(self) -> None:
         if self._info is not None and self._info.process is not None:
@@ -179,7 +201,10 @@ class ServerManager:
             env=dict(get_preset(cfg.preset).reset_cache_env),
         )
         cfg.log_dir.mkdir(parents=True, exist_ok=True)
-        log_path = cfg.log_dir / f"server-{cfg.preset}-{time.strftime('%Y%m%d-%H%M%S')}.log"
+        side = f"{cfg.label}-" if cfg.label else ""
+        # Relaunched servers (A/B blocks) start within the same second: number them.
+        n = f"-{len(self.launch_times_s) + 1}" if self.launch_times_s else ""
+        log_path = cfg.log_dir / f"server-{side}{cfg.preset}-{time.strftime('%Y%m%d-%H%M%S')}{n}.log"
         process = spec.server_process(log_path, startup_timeout_s=cfg.startup_timeout_s)
         if cfg.api_key:
             process.secrets.add(cfg.api_key)
