@@ -210,3 +210,27 @@ def test_bisect_exit_codes_in_ab_mode(pytester):
     broken = pytester.runpytest(*SIM, "-k", "test_chat", "--llmperf-bisect", "--llmperf-ab-server", "command",
                                 "--llmperf-ab-server-cmd", cmd)
     assert broken.ret == 128  # a reference that fails leaves nothing to bisect against
+
+
+@pytest.mark.integration
+def test_capacity_searches_are_compared_side_by_side(pytester):
+    pytester.makepyfile(
+        """
+        from pytest_llmperf import Workload, slo
+
+        @slo(ttft_p95=0.05, attainment_min=0.9)
+        def test_capacity(llmperf):
+            llmperf.capacity(Workload(input_tokens=64, output_tokens=16, rate_rps=8, duration_s=1.0), start_rps=8, step_s=1.0,
+                             warmup_s=0.2, precision=0.25, max_steps=6)
+        """
+    )
+    result = pytester.runpytest(*SIM, "--llmperf-ab-server", "sim", "--llmperf-sim-args", "--slowdown 3")
+    out = result.stdout.str()
+    assert "capacity_rps" in out, out[-3000:]
+    doc = report(pytester.path)
+    (run,) = [run for test in doc["tests"] for run in test["runs"]]
+    (verdict,) = run["verdicts"]
+    assert verdict["name"] == "capacity_rps" and verdict["mode"] == "search"
+    # Three times the step cost cannot keep the reference's capacity.
+    assert verdict["verdict"] == "regressed", verdict
+    assert result.ret == 1

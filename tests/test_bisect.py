@@ -108,3 +108,39 @@ def test_git_bisect_run_finds_the_commit_that_slowed_the_server(tmp_path):
     assert f"{shas[SLOW_AT - 1]} is the first bad commit" in out, out[-4000:]
     assert "llmperf bisect: exit 0 (good)" in out and "llmperf bisect: exit 1 (bad)" in out
     assert "llmperf bisect: exit 125" not in out  # no commit had to be skipped
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_git_bisect_run_in_ab_mode_needs_no_stored_baseline(tmp_path):
+    """The walk-through of docs/ci.md: every bisection step measures the commit's server (the
+    candidate) against the known-good one (the reference) in the same session."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "test_tiny.py").write_text(SUITE)
+    (repo / "pytest.ini").write_text("[pytest]\n")
+    (repo / ".gitignore").write_text(".llmperf/\n")
+    _git(repo, "init", "-q")
+    shas = []
+    for i in range(1, COMMITS + 1):
+        (repo / "sim_args.txt").write_text(f"--slowdown {'1.3' if i >= SLOW_AT else '1.0'}\n")
+        (repo / "notes.txt").write_text(f"commit {i}\n")
+        _git(repo, "add", "-A")
+        _git(repo, "commit", "-q", "-m", f"commit {i}")
+        shas.append(_git(repo, "rev-parse", "HEAD").strip())
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "GITHUB_STEP_SUMMARY")}
+    script = tmp_path / "bisect.sh"
+    pytest_cmd = " ".join(f"'{a}'" for a in [*PYTEST[:-1], "3"])  # three A/B blocks
+    script.write_text(
+        "#!/bin/sh\n"
+        f'exec {pytest_cmd} --llmperf-bisect --llmperf-ab-sim-args "--slowdown 1.0" '
+        '--llmperf-sim-args "$(cat sim_args.txt)"\n'
+    )
+    script.chmod(0o755)
+    _git(repo, "bisect", "start", shas[-1], shas[0])
+    proc = subprocess.run(["git", "bisect", "run", str(script)], cwd=repo, env=env, capture_output=True,
+                          text=True, timeout=900)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert f"{shas[SLOW_AT - 1]} is the first bad commit" in out, out[-4000:]
+    assert "llmperf bisect: exit 1 (bad)" in out

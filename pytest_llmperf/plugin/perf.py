@@ -221,12 +221,32 @@ class LLMPerf:
                           warmup_s=warm, growth=growth, precision=precision, max_steps=max_steps,
                           min_rps=min_rps, max_rps=max_rps)
         printer = self._printer(f"{self._item.name} capacity")
-        runner = Runner(server.base_url, model=server.model, api_key=self._session.api_key,
-                        length_fields=server.length_fields, progress=printer, rerun_invalid=False,
-                        progress_interval_s=printer.interval_s, workers=opts.workers, overload=OverloadGuard(),
-                        ray_address=opts.ray_address, ray_workers=opts.ray_workers)
+
+        def search_on(server: ServerInfo) -> CapacityResult:
+            runner = Runner(server.base_url, model=server.model, api_key=self._session.api_key,
+                            length_fields=server.length_fields, progress=printer, rerun_invalid=False,
+                            progress_interval_s=printer.interval_s, workers=opts.workers, overload=OverloadGuard(),
+                            ray_address=opts.ray_address, ray_workers=opts.ray_workers)
+            return search(workload, lambda w: runner.run(w, slo=self.slo), plan)
+
+        reference_entry = None
         try:
-            result = search(workload, lambda w: runner.run(w, slo=self.slo), plan)
+            if self._session.pair is not None:
+                # A/B: one whole search per side (a search has no replicates to pair; its brackets
+                # are the uncertainty, baseline.compare.compare_capacity), the reference first.
+                printer.label = f"{self._item.name} capacity [reference]"
+                ref_server = self._session.ab_server(REFERENCE)
+                reference = search_on(ref_server)
+                # Steps keep no records: any unfinished request makes the check probe the server.
+                self._session.ab_check(REFERENCE, sum(step.requests - step.completed for step in reference.steps))
+                ref_fingerprint = fingerprint_for(workload, ref_server.model, self.slo, ref_server,
+                                                  extra=self._session.fingerprint_extra(ref_server),
+                                                  gpu=self._session.gpu_info())
+                reference_entry = capacity_entry(reference, ref_fingerprint, f"capacity {workload.label()}",
+                                                 slo=self.slo)
+                printer.label = f"{self._item.name} capacity [candidate]"
+                server = self._session.ab_server(CANDIDATE)
+            result = search_on(server)
         finally:
             printer.done()
         self.capacities.append(result)
@@ -237,7 +257,7 @@ class LLMPerf:
         fingerprint = fingerprint_for(workload, server.model, self.slo, server,
                                       extra=self._session.fingerprint_extra(server), gpu=self._session.gpu_info())
         entry = capacity_entry(result, fingerprint, f"capacity {workload.label()}", slo=self.slo)
-        self._judge(f"{nodeid_of(self._item)}#capacity{n - 1}", entry)
+        self._judge(f"{nodeid_of(self._item)}#capacity{n - 1}", entry, reference_entry)
         return result
 
     def _judge(self, key: str, entry: Any, reference: Any = None) -> None:
