@@ -253,7 +253,7 @@ def test_markdown_headline_and_tables_follow_the_verdicts(written):
     text = (report_dir / "llmperf-summary.md").read_text()
     lines = text.splitlines()
     assert lines[0] == ("❌ **pytest-llmperf**: 1 regression, 2 improvements, 3 unchanged, 1 inconclusive, "
-                        "3 not gated against `main`; 3 tests, 2 met their SLOs, 1 invalid run, 1 comparison refused")
+                        "3 not gated against baseline `main`; 3 tests, 2 met their SLOs, 1 invalid run, 1 comparison refused")
     headings = [ln for ln in lines if ln.startswith("### ")]
     # Failing runs first (regression/SLO breach, refused comparison), then the invalid one, then passes.
     assert headings[0].startswith("### ❌ test_short_chat[cold]")
