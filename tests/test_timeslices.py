@@ -1,0 +1,161 @@
+"""Timeslices: per-interval TTFT, TPOT, tokens/s and server gauges, against hand-computed answers."""
+
+import math
+
+import numpy as np
+import pytest
+
+from pytest_llmperf.errors import InputError
+from pytest_llmperf.metrics import summarize
+from pytest_llmperf.records import PHASE_WARMUP, RequestRecord
+from pytest_llmperf.timeslices import GaugeSample, Timeslices, check_timeslice_s, compute_timeslices
+
+
+def ok(index, scheduled, first, end, tokens, *, chunks=None, chunk_tokens=None, phase="measure"):
+    """A successful request; by default one chunk per token, evenly spaced from first to end."""
+    if chunks is None:
+        chunks = list(np.linspace(first, end, tokens)) if tokens > 1 else [first]
+    return RequestRecord(index=index, phase=phase, scheduled_s=scheduled, sent_s=scheduled, first_token_s=first,
+                         end_s=end, chunk_times_s=list(chunks),
+                         chunk_tokens=list(chunk_tokens) if chunk_tokens is not None else [1.0] * len(chunks),
+                         output_tokens=tokens, ok=True)
+
+
+def failed(index, scheduled, end, kind="http_5xx"):
+    return RequestRecord(index=index, scheduled_s=scheduled, sent_s=scheduled, end_s=end, ok=False, error_kind=kind)
+
+
+def test_requests_land_in_the_slice_of_their_first_token_and_completion():
+    records = [
+        # TTFT 0.5 s in slice 0; completes (TPOT (3.5 - 1.0) / 4 = 0.625) in slice 1.
+        ok(0, 0.5, 1.0, 3.5, 5, chunks=[1.0, 1.5, 2.5, 3.0, 3.5]),
+        # TTFT 0.2 s and completion (TPOT 0.1) both in slice 0.
+        ok(1, 1.0, 1.2, 1.5, 4),
+        # TTFT 1.0 s in slice 1, completes at 4.5 in slice 2.
+        ok(2, 1.5, 2.5, 4.5, 2, chunks=[2.5, 4.5]),
+    ]
+    ts = compute_timeslices(records, (0.0, 6.0), 2.0)
+    assert ts.start_s == (0.0, 2.0, 4.0) and ts.length_s == (2.0, 2.0, 2.0)
+    assert ts.completed == (1, 1, 1) and ts.failed == (0, 0, 0)
+    assert ts.ttft_p50_s == (pytest.approx(0.35), 1.0, None)
+    # Two TTFTs (0.2, 0.5): p95 interpolates linearly, as numpy does.
+    assert ts.ttft_p95_s[0] == pytest.approx(0.2 + 0.95 * 0.3)
+    assert ts.tpot_p50_s == (pytest.approx(0.1), pytest.approx(0.625), pytest.approx(2.0))
+    # Tokens by chunk time: slice 0 gets 2 (rec 0) + 4 (rec 1); slice 1: 3 + 1; slice 2: 1.
+    assert ts.output_throughput_tps == (3.0, 2.0, 0.5)
+
+
+def test_partial_last_slice_uses_its_true_length_and_includes_the_window_end():
+    # Window 12 s, slices of 5 s: 5, 5 and 2 s; the last response ends exactly at the window end.
+    records = [ok(0, 10.0, 10.5, 12.0, 4, chunks=[10.5, 11.0, 11.5, 12.0])]
+    ts = compute_timeslices(records, (0.0, 12.0), 5.0)
+    assert ts.length_s == (5.0, 5.0, pytest.approx(2.0))
+    assert ts.completed == (0, 0, 1)
+    assert ts.output_throughput_tps[2] == pytest.approx(4 / 2.0)  # not 4 / 5
+    # A window that is a whole number of slices up to float error gets no sliver of a slice.
+    assert len(compute_timeslices([], (0.1, 0.1 + 0.3), 0.1)) == 3
+
+
+def test_failures_are_counted_where_they_happen_and_stay_out_of_the_percentiles():
+    records = [
+        ok(0, 0.0, 0.1, 0.4, 4),
+        failed(1, 0.5, 0.6),                       # slice 0
+        failed(2, 1.2, 3.7, kind="timeout"),       # seen at 3.7: slice 1
+        failed(3, 4.0, 5.0, kind="cancelled"),     # cancelled at the deadline: the window's end, slice 1
+        RequestRecord(index=4, scheduled_s=0.2, sent_s=0.3, ok=False, error_kind="connect"),  # no end: sent_s
+    ]
+    ts = compute_timeslices(records, (0.0, 5.0), 2.5)
+    assert ts.failed == (2, 2) and ts.completed == (1, 0)
+    assert ts.ttft_p50_s == (pytest.approx(0.1), None) and ts.ttft_p95_s[1] is None
+    assert sum(ts.failed) + sum(ts.completed) == len(records)
+
+
+def test_empty_slices_are_none_not_zero_and_warmup_is_left_out():
+    records = [
+        ok(0, 0.0, 0.2, 0.5, 3),
+        ok(1, 8.0, 8.1, 8.3, 3),
+        ok(2, 3.0, 3.1, 3.3, 3, phase=PHASE_WARMUP),  # a warm-up request: in no slice
+    ]
+    ts = compute_timeslices(records, (0.0, 9.0), 3.0)
+    assert ts.completed == (1, 0, 1)
+    assert ts.ttft_p50_s[1] is None and ts.tpot_p50_s[1] is None
+    assert ts.output_throughput_tps[1] == 0.0  # no token arrived: a rate of zero, not unknown
+    assert ts.requests_running_mean == (None, None, None)
+    assert not ts.gauges_available and ts.gauges_reason == "no /metrics scraped for this run"
+
+
+def test_multi_token_chunks_count_at_the_chunk_time_and_events_outside_the_window_in_no_slice():
+    # 10 tokens: 1 at 0.9 (slice 0), a 6-token chunk at 1.1 (slice 1), 3 at 2.2 (after the window).
+    r = ok(0, 0.5, 0.9, 2.2, 10, chunks=[0.9, 1.1, 2.2], chunk_tokens=[1, 6, 3])
+    ts = compute_timeslices([r], (0.0, 2.0), 1.0)
+    assert ts.output_throughput_tps == (1.0, 6.0)
+    assert ts.completed == (0, 0)  # it completed after the window
+    # No per-chunk counts: one token per chunk. No chunks at all: the usage count at the end.
+    plain = RequestRecord(index=1, scheduled_s=0.0, sent_s=0.0, first_token_s=0.1, end_s=0.3,
+                          chunk_times_s=[0.1, 0.2, 0.3], output_tokens=3, ok=True)
+    bulk = RequestRecord(index=2, scheduled_s=0.0, sent_s=0.0, first_token_s=1.5, end_s=1.5, output_tokens=7, ok=True)
+    assert compute_timeslices([plain, bulk], (0.0, 2.0), 1.0).output_throughput_tps == (3.0, 7.0)
+
+
+def test_slice_tokens_add_up_to_the_summary_throughput():
+    rng = np.random.default_rng(3)
+    records = []
+    for i in range(200):
+        s = float(rng.uniform(0, 20))
+        first = s + float(rng.uniform(0.05, 0.5))
+        n = int(rng.integers(2, 40))
+        records.append(ok(i, s, first, first + 0.02 * n, n))
+    window = (0.0, max(r.end_s for r in records))
+    ts = compute_timeslices(records, window, 5.0)
+    summary = summarize(records, window_s=window)
+    tokens = sum(t * x for t, x in zip(ts.output_throughput_tps, ts.length_s))
+    assert tokens == pytest.approx(summary.output_tokens_total)
+    assert tokens / sum(ts.length_s) == pytest.approx(summary.output_throughput_tps)
+    assert sum(ts.completed) == summary.completed
+
+
+def test_gauges_are_averaged_and_maxed_per_slice():
+    gauges = [
+        GaugeSample(-0.5, 9.0, 9.0),  # before the window (the pre-run scrape): in no slice
+        GaugeSample(0.4, 2.0, 0.0),
+        GaugeSample(1.4, 4.0, 1.0),
+        GaugeSample(2.4, 6.0, None),  # an engine that stopped exporting "waiting" for a scrape
+        GaugeSample(3.1, 8.0, 3.0),
+    ]
+    ts = compute_timeslices([], (0.0, 5.0), 2.0, gauges=gauges)
+    assert ts.gauges_available and ts.gauges_reason is None
+    assert ts.requests_running_mean == (3.0, 7.0, None)
+    assert ts.requests_running_max == (4.0, 8.0, None)
+    assert ts.requests_waiting_mean == (0.5, 3.0, None) and ts.requests_waiting_max == (1.0, 3.0, None)
+
+
+def test_unavailable_gauges_say_why():
+    ts = compute_timeslices([], (0.0, 1.0), 1.0, gauges=None, gauges_reason="GET http://h/metrics answered HTTP 404")
+    assert not ts.gauges_available and ts.gauges_reason == "GET http://h/metrics answered HTTP 404"
+    ts = compute_timeslices([], (0.0, 1.0), 1.0, gauges=[GaugeSample(0.5, None, None)])
+    assert not ts.gauges_available and "no running/waiting" in ts.gauges_reason
+
+
+def test_round_trip_through_json_shape():
+    records = [ok(0, 0.0, 0.2, 0.5, 3), failed(1, 0.1, 0.3)]
+    ts = compute_timeslices(records, (0.0, 1.5), 1.0, gauges=[GaugeSample(0.5, 1.0, 0.0)])
+    data = ts.to_dict()
+    assert data["failed"] == [1, 0] and data["ttft_p50_s"][1] is None
+    assert Timeslices.from_dict(data) == ts
+    with pytest.raises(ValueError, match="missing key"):
+        Timeslices.from_dict({k: v for k, v in data.items() if k != "failed"})
+
+
+def test_empty_window_has_no_slices():
+    ts = compute_timeslices([], (3.0, 3.0), 5.0)
+    assert len(ts) == 0 and ts.to_dict()["start_s"] == []
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, math.nan, math.inf, "5", True])
+def test_bad_timeslice_is_a_clear_error_naming_the_option(bad):
+    with pytest.raises(InputError, match="timeslice_s must be a positive number of seconds") as info:
+        check_timeslice_s(bad)
+    assert "--llmperf-timeslice" in info.value.render(lambda o: f"--llmperf-{o}")
+    with pytest.raises(InputError):
+        compute_timeslices([], (0.0, 1.0), bad)
+
