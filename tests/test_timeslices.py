@@ -1,5 +1,6 @@
 """Timeslices: per-interval TTFT, TPOT, tokens/s and server gauges, against hand-computed answers."""
 
+import json
 import math
 
 import numpy as np
@@ -158,4 +159,31 @@ def test_bad_timeslice_is_a_clear_error_naming_the_option(bad):
     assert "--llmperf-timeslice" in info.value.render(lambda o: f"--llmperf-{o}")
     with pytest.raises(InputError):
         compute_timeslices([], (0.0, 1.0), bad)
+
+
+# ---------------------------------------------------------------------- end to end, against the simulator
+
+
+def test_llmperf_run_json_has_timeslices_with_running_and_waiting_from_metrics(tmp_path, capsys):
+    from pytest_llmperf.cli.main import main
+    from pytest_llmperf.sim.server import SimConfig, start_in_thread
+
+    out = tmp_path / "r.json"
+    with start_in_thread(SimConfig(preset="tiny")) as sim:
+        code = main(["run", "--url", sim.base_url, "--input-tokens", "64", "--output-tokens", "64",
+                     "--rate", "20", "--duration", "3", "--timeslice", "1", "--json", str(out)])
+    assert code == 0, capsys.readouterr().err
+    trial = json.loads(out.read_text())["trials"][0]
+    ts = Timeslices.from_dict(trial["timeslices"])
+    start, end = trial["window_s"]
+    assert ts.timeslice_s == 1.0 and ts.window_start_s == start
+    assert len(ts) == math.ceil(end - start - 1e-9) and sum(ts.length_s) == pytest.approx(end - start)
+    assert sum(ts.completed) == trial["summary"]["completed"] and sum(ts.failed) == 0
+    # The simulator exports vllm:num_requests_running/waiting; the sampler scrapes once a second,
+    # so every full slice after the first holds a scrape (the first one at t≈0 precedes the window).
+    assert ts.gauges_available and ts.gauges_reason is None
+    assert all(v is not None for v in ts.requests_running_mean[1:-1])
+    assert all(v is not None for v in ts.requests_waiting_max[1:-1])
+    scraped = [p for p in trial["telemetry"]["series"] if start <= p[0] <= end]
+    assert max(v for v in ts.requests_running_max if v is not None) == max(p[1] for p in scraped)
 
