@@ -1,5 +1,6 @@
 """Timeslices: per-interval TTFT, TPOT, tokens/s and server gauges, against hand-computed answers."""
 
+import gzip
 import json
 import math
 
@@ -9,6 +10,7 @@ import pytest
 from pytest_llmperf.errors import InputError
 from pytest_llmperf.metrics import summarize
 from pytest_llmperf.records import PHASE_WARMUP, RequestRecord
+from pytest_llmperf.report.writers import ReportSchemaError, validate, write_reports
 from pytest_llmperf.timeslices import GaugeSample, Timeslices, check_timeslice_s, compute_timeslices
 
 
@@ -187,3 +189,87 @@ def test_llmperf_run_json_has_timeslices_with_running_and_waiting_from_metrics(t
     scraped = [p for p in trial["telemetry"]["series"] if start <= p[0] <= end]
     assert max(v for v in ts.requests_running_max if v is not None) == max(p[1] for p in scraped)
 
+
+@pytest.mark.integration
+def test_plugin_session_reports_plots_and_saves_timeslices_and_reads_older_baselines(pytester):
+    pytester.makepyfile(
+        """
+        from pytest_llmperf import Workload, slo
+
+        @slo(ttft_p95=5.0)
+        def test_chat(llmperf):
+            r = llmperf.run(Workload(input_tokens=32, output_tokens=32, rate_rps=20, duration_s=3))
+            (trial,) = r.trials
+            assert trial.timeslices is not None and trial.timeslices.timeslice_s == 1.0
+        """
+    )
+    args = ["--llmperf-sim-preset", "tiny", "-p", "no:cacheprovider", "--llmperf-timeslice", "1",
+            "--llmperf-trials", "1", "--llmperf-report-dir", "out"]
+    pytester.runpytest(*args, "--llmperf-save", "main").assert_outcomes(passed=1)
+    out = pytester.path / "out"
+    validate(json.loads((out / "llmperf.json").read_text()))
+    (saved,) = (pytester.path / ".llmperf" / "baselines" / "main").glob("*.json.gz")
+    session = json.loads(gzip.decompress(saved.read_bytes()))
+    (entry,) = session["run"]["tests"].values()
+    assert entry["trials"][0]["timeslices"]["timeslice_s"] == 1.0
+    # A baseline saved before timeslices existed: the same entry without them.
+    for trial in entry["trials"]:
+        del trial["timeslices"]
+    saved.write_bytes(gzip.compress(json.dumps(session).encode()))
+
+    result = pytester.runpytest(*args, "--llmperf-baseline", "main")
+    result.assert_outcomes(passed=1)
+    data = json.loads((out / "llmperf.json").read_text())
+    (run,) = data["tests"][0]["runs"]
+    assert run["verdicts"], "the older baseline was compared"
+    assert "timeslices" not in run["baseline_trials"][0]
+    ts = run["trials"][0]["timeslices"]
+    assert ts["gauges_available"] and any(v is not None for v in ts["requests_running_mean"])
+    assert sum(ts["completed"]) == run["summary"]["completed"]
+    (png,) = (out / "plots").glob("*-timeslices.png")
+    assert png.read_bytes().startswith(b"\x89PNG") and png.with_suffix(".svg").exists()
+    assert f"[over time](plots/{png.name})" in (out / "llmperf-summary.md").read_text()
+
+
+def _doc_with_timeslices(gauges):
+    from pytest_llmperf.report.document import build_document
+
+    records = [ok(0, 0.0, 0.1, 0.6, 6), ok(1, 2.0, 2.3, 2.9, 4), failed(2, 3.5, 4.0)]
+    ts = compute_timeslices(records, (0.0, 4.5), 1.0, gauges=gauges, gauges_reason="GET /metrics answered HTTP 404")
+    trial = {"index": 0, "started_at": None, "window_s": 4.5, "stats": {"goodput": 0.5}, "timeslices": ts.to_dict()}
+    entry = {"label": "l", "workload": None, "fingerprint": None, "slo": None, "summary": None,
+             "trials": [trial, dict(trial, index=1)]}
+    return build_document({"perf/test_a.py::test_a#0": entry})
+
+
+def test_timeslices_are_in_the_json_report_and_valid_against_the_schema(tmp_path, monkeypatch):
+    monkeypatch.setattr("pytest_llmperf.report.plots._matplotlib", lambda: None)
+    doc = _doc_with_timeslices([GaugeSample(0.5, 3.0, 1.0)])
+    write_reports(doc, tmp_path)
+    data = json.loads((tmp_path / "llmperf.json").read_text())
+    validate(data)
+    ts = data["tests"][0]["runs"][0]["trials"][0]["timeslices"]
+    assert ts["failed"] == [0, 0, 0, 0, 1] and ts["requests_running_mean"] == [3.0, None, None, None, None]
+    bad = json.loads(json.dumps(data))
+    bad["tests"][0]["runs"][0]["trials"][0]["timeslices"]["failed"] = [-1]
+    with pytest.raises(ReportSchemaError, match="failed"):
+        validate(bad)
+
+
+def test_the_timeslice_plot_is_written_and_says_when_running_waiting_are_not_available(tmp_path):
+    from pytest_llmperf.report.plots import run_timeslices, safe_stem, timeslice_figure, write_plots
+
+    doc = _doc_with_timeslices(None)
+    files = write_plots(doc, tmp_path)
+    assert files.errors == []
+    (paths,) = files.timeslices.values()
+    stem = safe_stem("perf/test_a.py::test_a#0") + "-timeslices"
+    assert sorted(p.name for p in paths) == [f"{stem}.png", f"{stem}.svg"]
+    svg = next(p for p in paths if p.suffix == ".svg").read_text()
+    assert "not available" in svg and "HTTP 404" in svg and "2 trials end to end" in svg
+    # A run without timeslices (an older entry) gets no such figure.
+    for trial in doc["tests"][0]["runs"][0]["trials"]:
+        del trial["timeslices"]
+    assert write_plots(doc, tmp_path / "old").timeslices == {}
+    mpl = __import__("pytest_llmperf.report.plots", fromlist=["_matplotlib"])._matplotlib()
+    assert timeslice_figure(mpl, "t", run_timeslices({"trials": []})) is not None
