@@ -220,6 +220,7 @@ def test_plugin_session_reports_plots_and_saves_timeslices_and_reads_older_basel
     result = pytester.runpytest(*args, "--llmperf-baseline", "main")
     result.assert_outcomes(passed=1)
     data = json.loads((out / "llmperf.json").read_text())
+    validate(data)
     (run,) = data["tests"][0]["runs"]
     assert run["verdicts"], "the older baseline was compared"
     assert "timeslices" not in run["baseline_trials"][0]
