@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
     from pytest_llmperf.cache_check import CacheCheck
     from pytest_llmperf.objectives import SLO
+    from pytest_llmperf.timeslices import Timeslices
     from pytest_llmperf.workload import Workload
 
 
@@ -50,6 +51,9 @@ class TrialResult:
     # Why the trial is invalid beyond what its records show (a lost node, an untrusted clock);
     # already in ``summary.validity``, kept here so pooled summaries keep them too.
     invalid_reasons: list[str] = field(default_factory=list)
+    # The measurement window cut into fixed intervals (TTFT, TPOT, tokens/s, running/waiting
+    # requests per interval; see timeslices.py); None for results built without them.
+    timeslices: Timeslices | None = None
 
     @property
     def measured(self) -> list[RequestRecord]:

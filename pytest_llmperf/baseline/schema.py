@@ -4,7 +4,8 @@ A saved session is ``{"plugin_version", "created_at", "tests": {key: entry}}`` w
 ``<pytest node id>#<run index>`` (a test may run several workloads; capacity searches are
 ``#capacity<n>``) and ``entry`` holds the run's fingerprint, workload, SLO (and per-request-type
 SLOs, ``type_slos``), pooled summary and, per trial, the gated statistics plus compact per-request
-samples (for quick mode and plots). Per-trial latency statistics count failed and cancelled
+samples (for quick mode and plots) and its timeslices (per-interval series, see
+:mod:`pytest_llmperf.timeslices`; absent in entries saved before them). Per-trial latency statistics count failed and cancelled
 requests as +inf (``"censored": true``; trials saved before that lack the flag, and the gate
 recomputes their statistics from the samples). A
 capacity entry holds the search's result instead of trials.
@@ -43,6 +44,7 @@ class TrialEntry(TypedDict, total=False):
     censored: bool  # latency stats count failures as +inf (absent in entries of older versions)
     stats: dict[str, float | None]
     samples: dict[str, PackedSamples]
+    timeslices: dict[str, Any]  # Timeslices.to_dict(); absent in entries of older versions
 
 
 class SavedEntry(TypedDict, total=False):
@@ -156,7 +158,7 @@ def trial_value(records: Sequence[Any], summary: Any, g: GatedStat) -> float | N
 def trial_entry(trial: TrialResult, slo: SLO | None, type_slos: Sequence[SLO] = ()) -> TrialEntry:
     samples = per_request_samples(trial.records, slo=slo)
     start, end = trial.window_s
-    return {
+    entry: TrialEntry = {
         "index": trial.index,
         "started_at": trial.started_at,
         "window_s": end - start,
@@ -164,6 +166,9 @@ def trial_entry(trial: TrialResult, slo: SLO | None, type_slos: Sequence[SLO] = 
         "stats": {g.key: trial_value(trial.records, trial.summary, g) for g in gated_stats(slo, type_slos)},
         "samples": {name: pack_samples(np.asarray(samples[name], dtype=float)) for name in SAMPLE_SERIES if name in samples},
     }
+    if trial.timeslices is not None:
+        entry["timeslices"] = trial.timeslices.to_dict()
+    return entry
 
 
 def fingerprint_for(workload: Workload, model: str, slo: SLO | None, server: Any,

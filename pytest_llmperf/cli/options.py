@@ -107,6 +107,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("ray-workers", "Ray load workers (actors, spread over the nodes); default: one per node", None, _positive_int),
     OptionSpec("throttle", "a trial whose local GPU throttled for heat or power: invalid (not gated, the default) "
                "or warn (gated, with a warning)", "invalid", choices=("invalid", "warn")),
+    OptionSpec("timeslice", "seconds per timeslice of the per-interval series in the reports (default 5)", 5.0, _positive_float),
 )
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pytest_llmperf.cli.options import OptionError, api_key_from_env
-from pytest_llmperf.errors import InputError
+from pytest_llmperf.errors import InputError, cli_flag
 
 if TYPE_CHECKING:
     import argparse
@@ -44,6 +44,8 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--slo", action="append", default=[], metavar="KEY=VALUE",
                    help="per-request SLO for goodput and a pass/fail check, e.g. ttft_p95=0.5 (repeatable)")
     p.add_argument("--json", type=Path, metavar="OUT", help="write the full result as JSON")
+    p.add_argument("--timeslice", type=float, default=5.0, metavar="SECONDS",
+                   help="seconds per timeslice of the per-interval series in --json (default 5)")
 
 
 def _workload_from_args(args: argparse.Namespace) -> Workload:
@@ -99,7 +101,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     def progress(p: Progress) -> None:
         print("  " + progress_line(workload.label(), p), file=sys.stderr, flush=True)
 
-    runner = Runner(args.url, model=args.model, api_key=api_key, progress=progress)
+    try:
+        # /metrics next to the API (as the plugin does for --llmperf-url): the running/waiting
+        # gauges of the timeslices. A server without it only leaves those columns empty.
+        runner = Runner(args.url, model=args.model, api_key=api_key, progress=progress, metrics_url=args.url,
+                        timeslice_s=args.timeslice)
+    except InputError as exc:
+        raise CliError(exc.render(cli_flag)) from None
     try:
         result = runner.run(workload, slo=slo)
     except RunError as exc:

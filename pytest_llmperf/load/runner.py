@@ -47,7 +47,8 @@ from pytest_llmperf.results import (
     with_gpu,
     with_invalid_reasons,
 )
-from pytest_llmperf.telemetry import GpuSampler, TelemetrySampler
+from pytest_llmperf.telemetry import GpuSampler, ServerTelemetry, TelemetrySampler
+from pytest_llmperf.timeslices import DEFAULT_TIMESLICE_S, GaugeSample, check_timeslice_s, compute_timeslices
 from pytest_llmperf.traffic.datasets import read_dataset
 from pytest_llmperf.traffic.traces import scan as scan_trace
 
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
 
     from pytest_llmperf.cache_check import CacheCheck
     from pytest_llmperf.objectives import SLO
+    from pytest_llmperf.timeslices import Timeslices
     from pytest_llmperf.workload import Workload
 
 
@@ -88,6 +90,7 @@ class Runner:
         gpu_telemetry: bool = False,
         throttle: str = "invalid",
         gpu_interval_s: float = 0.5,
+        timeslice_s: float = DEFAULT_TIMESLICE_S,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
@@ -132,6 +135,8 @@ class Runner:
         # A trial whose GPU throttled for heat or power: "invalid" (not gated) or "warn".
         self.throttle = throttle
         self.gpu_interval_s = gpu_interval_s
+        # Length of the intervals each trial's window is cut into (TrialResult.timeslices).
+        self.timeslice_s = check_timeslice_s(timeslice_s)
         self._token_models: dict[str, TokenModel] = {}
 
     def __repr__(self) -> str:  # never show the key
@@ -320,7 +325,7 @@ class Runner:
             )
             sampler = None
             if self.metrics_url:
-                sampler = TelemetrySampler(self.metrics_url, interval_s=1.0, origin_s=origin)
+                sampler = TelemetrySampler(self.metrics_url, interval_s=self._scrape_interval_s, origin_s=origin)
                 await sampler.start()
             gpu_sampler = None
             if self.gpu_telemetry:
@@ -348,12 +353,12 @@ class Runner:
                 else:
                     outcome = await generator.run()
             finally:
-                telemetry = (await sampler.stop()).to_dict() if sampler is not None else None
+                server = await sampler.stop() if sampler is not None else None
                 gpu = gpu_sampler.stop().to_dict() if gpu_sampler is not None else None
-        return self._trial_result(index, outcome, slo, started_at, origin, expected, telemetry, distributed, gpu)
+        return self._trial_result(index, outcome, slo, started_at, origin, expected, server, distributed, gpu)
 
     def _trial_result(self, index: int, outcome: LoadOutcome, slo: SLO | None, started_at: str, origin: float,
-                      expected: dict[int, int | None], telemetry: dict[str, Any] | None,
+                      expected: dict[int, int | None], server: ServerTelemetry | None,
                       distributed: dict[str, Any] | None = None, gpu: dict[str, Any] | None = None) -> TrialResult:
         summary = summarize(outcome.records, slo=slo, window_s=outcome.window_s,
                             loop_lag_p99_s=outcome.loop_lag_p99_s)
@@ -370,12 +375,31 @@ class Runner:
             started_at=started_at,
             wall_s=time.perf_counter() - origin,
             expected_prompt_tokens=[expected.get(r.index) for r in outcome.records],
-            telemetry=telemetry,
+            telemetry=server.to_dict() if server is not None else None,
             distributed=distributed,
             invalid_reasons=invalid,
             gpu=gpu,
+            timeslices=self._timeslices(outcome, server),
         )
         return trial
+
+    @property
+    def _scrape_interval_s(self) -> float:
+        # Once a second, or once per timeslice when slices are shorter, so every slice can hold a
+        # scrape of the running/waiting gauges.
+        return min(1.0, self.timeslice_s)
+
+    def _timeslices(self, outcome: LoadOutcome, server: ServerTelemetry | None) -> Timeslices:
+        gauges: list[GaugeSample] | None = None
+        reason: str | None = None
+        if server is None:
+            reason = "no /metrics URL for this server"
+        elif not server.available:
+            reason = server.reason
+        else:
+            gauges = [GaugeSample(p.t_s, p.running, p.waiting) for p in server.series]
+        return compute_timeslices(outcome.records, outcome.window_s, self.timeslice_s,
+                                  gauges=gauges, gauges_reason=reason)
 
     async def _conversation_trial(self, workload: Workload, model: str, factory: PromptFactory,
                                   slo: SLO | None, index: int) -> TrialResult:
@@ -388,11 +412,11 @@ class Runner:
                                     prepare=client.encode)
             sampler = None
             if self.metrics_url:
-                sampler = TelemetrySampler(self.metrics_url, interval_s=1.0, origin_s=origin)
+                sampler = TelemetrySampler(self.metrics_url, interval_s=self._scrape_interval_s, origin_s=origin)
                 await sampler.start()
             try:
                 outcome = await load.run()
             finally:
-                telemetry = (await sampler.stop()).to_dict() if sampler is not None else None
+                server = await sampler.stop() if sampler is not None else None
         expected = {r.index: r.prompt_tokens_expected for r in outcome.records}
-        return self._trial_result(index, outcome, slo, started_at, origin, expected, telemetry)
+        return self._trial_result(index, outcome, slo, started_at, origin, expected, server)

@@ -142,6 +142,7 @@ class LLMPerf:
             # A server launched here runs on this machine's GPUs: watch them (NVML) in every trial.
             gpu_telemetry=server.launched,
             throttle=opts.throttle,
+            timeslice_s=opts.timeslice,
             **kwargs,
         )
 

@@ -19,13 +19,15 @@ Shape (``schema_version`` 1; ``pytest_llmperf/schemas/llmperf-report.schema.json
             "slo_checks": [SLOCheck dicts], "slo_passed": bool | null,
             "verdicts": [Comparison dicts], "allowed_diffs": [...], "gate_error": str | null,
             "baseline_summary": Summary dict | null,
-            "trials": [{"index", "window_s", "stats", "samples"}],
+            "trials": [{"index", "window_s", "stats", "samples", "timeslices"}],
             "baseline_trials": [...] }]}
       ]
     }
 
 ``samples`` are packed arrays (see :func:`pytest_llmperf.baseline.store.pack_samples`); the JSON report
-drops them (:func:`without_samples`) to stay small and diffable, the plots use them.
+drops them (:func:`without_samples`) to stay small and diffable, the plots use them. ``timeslices``
+(per-interval series, :mod:`pytest_llmperf.timeslices`) stay in the JSON; trials saved before them
+have none.
 """
 
 from __future__ import annotations

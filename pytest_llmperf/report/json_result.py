@@ -38,6 +38,8 @@ def run_result_to_dict(result: Any, *, include_records: bool = True) -> dict[str
                 # Load from several machines: nodes, clock offsets to the driver, missing shares.
                 **({"distributed": t.distributed} if t.distributed is not None else {}),
                 "gpu": t.gpu,
+                # Per-interval series of the measurement window (timeslices.py); None when not computed.
+                "timeslices": t.timeslices.to_dict() if t.timeslices is not None else None,
                 **({"records": [r.to_dict() for r in t.records]} if include_records else {}),
             }
             for t in result.trials

@@ -445,7 +445,10 @@ def _links(files: Sequence[Path], text: str, base_dir: Path | str | None) -> str
 
 def _plot_links(plots: Any, key: Any, base_dir: Path | str | None) -> str:
     files = (getattr(plots, "runs", None) or {}).get(key) if plots is not None else None
-    return _links(files, "TTFT/TPOT distributions", base_dir) if files else ""
+    links = _links(files, "TTFT/TPOT distributions", base_dir) if files else ""
+    slices = (getattr(plots, "timeslices", None) or {}).get(key) if plots is not None else None
+    over_time = _links(slices, "over time", base_dir) if slices else ""
+    return ", ".join(x for x in (links, over_time) if x)
 
 
 def _sweep_block(plots: Any, base_dir: Path | str | None) -> list[str]:

@@ -3,6 +3,10 @@
 * per test run: TTFT and TPOT distributions as empirical CDFs, candidate against baseline, from
   the packed per-request samples of the run's trials (failed requests, NaN there, are left out
   and counted in the legend), with the run's SLO limits for those metrics drawn where on scale;
+* per test run with timeslices (``trials[].timeslices``, see :mod:`pytest_llmperf.timeslices`):
+  TTFT p50/p95, TPOT p50, output tokens/s (with failed requests per slice) and the server's
+  running/waiting requests over time, the trials end to end, candidate only (a baseline's
+  intervals do not line up with the candidate's in time);
 * per load sweep (runs of one test, or of one parametrized test, whose workloads differ only in
   offered load: ``rate_rps`` or ``concurrency``): offered load -> goodput and offered load -> p95
   TTFT/E2E, candidate against baseline.
@@ -30,6 +34,7 @@ from pytest_llmperf.baseline.samples import unpack_samples
 from pytest_llmperf.report.document import side_label
 from pytest_llmperf.report.files import atomic_write_bytes
 from pytest_llmperf.report.markdown import PLOTS_MISSING_NOTE, iter_runs, run_names
+from pytest_llmperf.timeslices import Timeslices
 
 FORMATS = ("png", "svg")
 # An ECDF of 100k requests drawn point by point makes multi-megabyte SVGs; this many evenly spaced
@@ -40,7 +45,7 @@ BASELINE_COLOR = "tab:gray"
 # Workload fields that make up "the offered load" (or its size) and so may differ along a sweep.
 _LOAD_FIELDS = ("rate_rps", "concurrency", "num_requests", "duration_s", "warmup_s", "warmup_requests",
                 "name", "seed", "trials", "timeout_s", "drain_s")
-_SUFFIXES = ("-latency", "-sweep")
+_SUFFIXES = ("-latency", "-sweep", "-timeslices")
 _MAX_STEM = 80
 
 
@@ -52,10 +57,12 @@ class PlotFiles:
     sweeps: dict[str, list[Path]] = field(default_factory=dict)
     skipped_reason: str | None = None
     errors: list[str] = field(default_factory=list)
+    # Per run key: the timeslice figure (metrics over time), for runs whose trials have timeslices.
+    timeslices: dict[str, list[Path]] = field(default_factory=dict)
 
     @property
     def paths(self) -> list[Path]:
-        return [p for files in (*self.runs.values(), *self.sweeps.values()) for p in files]
+        return [p for files in (*self.runs.values(), *self.timeslices.values(), *self.sweeps.values()) for p in files]
 
 
 @dataclass
@@ -84,16 +91,22 @@ def write_plots(doc: Mapping[str, Any], out_dir: Path | str) -> PlotFiles:
     baseline = side_label(doc)  # "baseline main", or "reference" in A/B mode
     for _, run in iter_runs(doc):
         key = str(run.get("key"))
+        if any(isinstance(t.get("timeslices"), Mapping) for t in run.get("trials") or []):
+            stem = _unique_stem(key, "-timeslices", stems)
+            try:
+                fig = timeslice_figure(mpl, _run_title(names, key, run), run_timeslices(run))
+                result.timeslices[key] = _save(fig, out_dir, stem)
+            except OSError:
+                raise
+            except Exception as exc:
+                result.errors.append(f"{names.get(key, key)} over time: {type(exc).__name__}: {exc}")
         raw = {m: (samples(run.get("trials")), samples(run.get("baseline_trials"))) for m in ("ttft_s", "tpot_s")}
         series = {m: (_pick(c, m), _pick(b, m)) for m, (c, b) in raw.items()}
         if not any(c.size or b.size for c, b in series.values()):
             continue
         stem = _unique_stem(key, "-latency", stems)
         try:
-            label = str(run.get("label") or "")
-            title = names.get(key, key)
-            title = f"{title} — {label}" if label and label not in title else title
-            fig = latency_figure(mpl, title, run, series, baseline)
+            fig = latency_figure(mpl, _run_title(names, key, run), run, series, baseline)
             result.runs[key] = _save(fig, out_dir, stem)
         except OSError:
             raise
@@ -122,6 +135,18 @@ def samples(trials: Sequence[Mapping[str, Any]] | None) -> dict[str, list[np.nda
         for name, packed in (trial.get("samples") or {}).items():
             out.setdefault(name, []).append(unpack_samples(packed))
     return out
+
+
+def _run_title(names: Mapping[str, str], key: str, run: Mapping[str, Any]) -> str:
+    label = str(run.get("label") or "")
+    title = names.get(key, key)
+    return f"{title} — {label}" if label and label not in title else title
+
+
+def run_timeslices(run: Mapping[str, Any]) -> list[Timeslices]:
+    """The timeslices of a run's trials, in trial order (trials saved without them left out)."""
+    return [Timeslices.from_dict(t["timeslices"]) for t in run.get("trials") or []
+            if isinstance(t.get("timeslices"), Mapping)]
 
 
 def _pick(series: Mapping[str, list[np.ndarray]], name: str) -> np.ndarray:
@@ -211,6 +236,81 @@ def latency_figure(mpl: Any, title: str, run: Mapping[str, Any],
         ax.grid(True, alpha=0.3)
     fig.suptitle(_short(title, 110), fontsize=10)
     _layout(fig)
+    return fig
+
+
+def timeslice_figure(mpl: Any, title: str, trials: Sequence[Timeslices]) -> Any:
+    """Four panels over time, one step per slice: TTFT p50/p95, TPOT p50, output tokens/s (and
+    failed requests per slice), running/waiting requests (mean per slice, max dotted). Several
+    trials are drawn end to end, as the pooled summary counts them, with a line between trials."""
+    fig = mpl.Figure(figsize=(10, 6.5))
+    mpl.Canvas(fig)
+    (ax_ttft, ax_tpot), (ax_tps, ax_queue) = fig.subplots(2, 2, sharex=True)
+    edges: list[np.ndarray] = []
+    offset = 0.0
+    for ts in trials:
+        edges.append(offset + np.append(np.asarray(ts.start_s, dtype=float), sum(ts.length_s)))
+        offset += float(sum(ts.length_s))
+
+    def steps(ax: Any, column: str, scale: float = 1.0, **style: Any) -> bool:
+        """One step line per trial (legend entry once); False when the column has no value."""
+        drawn = False
+        for ts, x in zip(trials, edges):
+            y = np.array([math.nan if v is None else float(v) * scale for v in getattr(ts, column)], dtype=float)
+            if not y.size or np.isnan(y).all():
+                continue
+            # The last value is repeated so the last slice gets its full width.
+            ax.step(x, np.append(y, y[-1]), where="post",
+                    **{"linewidth": 1.5, **(style if not drawn else {k: v for k, v in style.items() if k != "label"})})
+            drawn = True
+        return drawn
+
+    def empty(ax: Any, text: str) -> None:
+        ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, fontsize=9, wrap=True)
+
+    p95 = steps(ax_ttft, "ttft_p95_s", 1e3, color=CANDIDATE_COLOR, label="p95")
+    p50 = steps(ax_ttft, "ttft_p50_s", 1e3, color=CANDIDATE_COLOR, linestyle="--", label="p50")
+    if not (p95 or p50):
+        empty(ax_ttft, "no first token in any slice")
+    if not steps(ax_tpot, "tpot_p50_s", 1e3, color=CANDIDATE_COLOR, label="p50"):
+        empty(ax_tpot, "no completion in any slice")
+    steps(ax_tps, "output_throughput_tps", color=CANDIDATE_COLOR, label="output tokens/s")
+    failed = [(x[:-1] + np.asarray(ts.length_s) / 2, np.asarray(ts.failed)) for ts, x in zip(trials, edges)]
+    if any(f.sum() for _, f in failed):
+        # Only slices with failures get a marker: a row of zeros would hide the few that matter.
+        ax_failed = ax_tps.twinx()
+        for mid, count in failed:
+            ax_failed.plot(mid[count > 0], count[count > 0], "x", color="tab:red", markersize=6)
+        ax_failed.set_ylabel("failed", color="tab:red")
+        ax_failed.set_ylim(0, max(1, max(int(f.max()) for _, f in failed if f.size)) * 1.15)
+        ax_tps.plot([], [], "x", color="tab:red", label="failed requests per slice (right axis)")
+        # The twin axes is drawn over its host; lifting the host keeps its legend readable.
+        ax_tps.set_zorder(ax_failed.get_zorder() + 1)
+        ax_tps.patch.set_visible(False)
+    if any(ts.gauges_available for ts in trials):
+        steps(ax_queue, "requests_running_mean", color="tab:green", label="running (mean)")
+        steps(ax_queue, "requests_running_max", color="tab:green", linestyle=":", linewidth=1.0, label="running (max)")
+        steps(ax_queue, "requests_waiting_mean", color="tab:orange", label="waiting (mean)")
+        steps(ax_queue, "requests_waiting_max", color="tab:orange", linestyle=":", linewidth=1.0, label="waiting (max)")
+    else:
+        reason = next((ts.gauges_reason for ts in trials if ts.gauges_reason), None)
+        empty(ax_queue, "running/waiting requests not available" + (f":\n{_short(reason, 70)}" if reason else ""))
+    for ax, name, unit in ((ax_ttft, "TTFT", "ms"), (ax_tpot, "TPOT", "ms"),
+                           (ax_tps, "output throughput", "tokens/s"), (ax_queue, "server requests", "requests")):
+        ax.set_title(name, fontsize=10)
+        ax.set_ylabel(unit)
+        ax.set_ylim(bottom=0)
+        ax.grid(True, alpha=0.3)
+        for x in edges[1:]:
+            ax.axvline(x[0], color="0.6", linestyle=":", linewidth=1)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8, loc="best")
+    for ax in (ax_tps, ax_queue):
+        ax.set_xlabel("seconds since the measurement started")
+    step_s = trials[0].timeslice_s if trials else 0.0
+    how = f"{step_s:g} s slices" + (f", {len(trials)} trials end to end" if len(trials) > 1 else "")
+    fig.suptitle(_short(f"{title}: over time ({how})", 130), fontsize=10)
+    fig.subplots_adjust(left=0.07, right=0.97, bottom=0.09, top=0.91, wspace=0.3, hspace=0.25)
     return fig
 
 
