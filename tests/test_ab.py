@@ -107,6 +107,7 @@ def test_a_slower_candidate_regresses_against_the_reference(pytester):
         "*reference launched * time(s), median start-up * s; candidate launched * time(s)*",
     ])
     result.stdout.fnmatch_lines(["test_chat [[]reference[]] *"])
+    assert "died" not in result.stdout.str()  # servers stopped between blocks on purpose
     doc = report(pytester.path)
     assert doc["baseline"]["kind"] == "reference" and doc["baseline"]["reference"]["stopped"] is None
     runs = [run for test in doc["tests"] for run in test["runs"]]

@@ -309,7 +309,7 @@ def test_signal_stops_everything_and_keeps_what_was_measured(pytester, sig, when
     pid_file = pytester.path / "pids"
     flags = ["--pid-file", str(pid_file)] + (["--startup", "never"] if when == "startup" else [])
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest", *command_server(*flags), "--llmperf-startup-timeout", "60",
+        [sys.executable, "-X", "faulthandler", "-m", "pytest", *command_server(*flags), "--llmperf-startup-timeout", "60",
          "--llmperf-store", str(store), "--llmperf-save", "main", "--llmperf-trials", "1"],
         cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
@@ -322,7 +322,13 @@ def test_signal_stops_everything_and_keeps_what_was_measured(pytester, sig, when
         time.sleep(0.05)
     time.sleep(0.5)  # into the run (or the readiness wait), not at its edge
     proc.send_signal(sig)
-    out, _ = proc.communicate(timeout=30)
+    try:
+        out, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        # Say where it hangs: faulthandler prints every thread's stack on SIGABRT.
+        proc.send_signal(signal.SIGABRT)
+        out, _ = proc.communicate(timeout=30)
+        pytest.fail(f"pytest did not stop within 60 s of {signal.Signals(sig).name}; its stacks:\n{out[-8000:]}")
     pids = [int(p) for p in pid_file.read_text().split()]
     assert wait_gone(pids) == [], f"server processes survived pytest: {pids}"
     assert proc.returncode == pytest.ExitCode.INTERRUPTED, out[-2000:]

@@ -347,8 +347,8 @@ class LLMPerf:
         second or two, then exits), so when requests failed to connect the server gets a few
         seconds to finish dying before it is declared alive."""
         info = self._session.servers.info
-        if info is None or info.process is None:
-            return None
+        if info is None or info.process is None or self._session.pair is not None:
+            return None  # A/B mode: the pair stops servers on purpose and checks each side itself
         process = info.process
         refused = any(r.error_kind == "connect" for result in self.results for r in result.records)
         if refused and process.alive():
