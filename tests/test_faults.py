@@ -421,7 +421,7 @@ def test_store_file_vanishing_between_listing_and_reading(pytester, bad_server, 
     result.assert_outcomes(passed=1)
     assert_no_traceback(result)
     doc = json.loads((pytester.path / ".llmperf" / "report" / "llmperf.json").read_text())
-    assert doc["baseline"] == {"name": "main", "source": str(older)}  # fell back to what exists
+    assert doc["baseline"] == {"name": "main", "source": str(older), "kind": "stored"}  # fell back to what exists
 
 
 def test_two_sessions_saving_the_same_name_at_once(pytester, bad_server):
