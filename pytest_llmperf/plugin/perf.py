@@ -7,7 +7,6 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import pytest
 
 from pytest_llmperf.baseline.schema import capacity_entry, fingerprint_for, run_entry
@@ -17,6 +16,7 @@ from pytest_llmperf.objectives import SLO, SLOError, check
 from pytest_llmperf.plugin.progress import ProgressPrinter
 from pytest_llmperf.plugin.state import nodeid_of
 from pytest_llmperf.results import merge_runs
+from pytest_llmperf.servers.manager import answers
 from pytest_llmperf.servers.pair import CANDIDATE, REFERENCE, block_order
 from pytest_llmperf.stats import DEFAULT_TRIALS, Verdict
 from pytest_llmperf.workload import Workload
@@ -359,7 +359,7 @@ class LLMPerf:
         if not process.alive():
             return (f"  the {info.preset} server died during the run (exited with code {process.exited_code()}); "
                     f"log {info.log_path}, tail:\n{tail}")
-        if refused and not _answers(info.root_url):
+        if refused and not answers(info.root_url):
             return (f"  the {info.preset} server stopped answering during the run (its process is still there, "
                     f"its port refuses connections); log {info.log_path}, tail:\n{tail}")
         return None
@@ -367,14 +367,6 @@ class LLMPerf:
 
 # How long a server whose port refuses connections gets to finish exiting before it is reported.
 _DEATH_WAIT_S = 10.0
-
-
-def _answers(root_url: str) -> bool:
-    try:
-        httpx.get(root_url + "/health", timeout=2.0, trust_env=False)
-    except httpx.TransportError:
-        return False
-    return True
 
 
 def in_ci() -> bool:

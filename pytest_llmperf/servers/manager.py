@@ -233,6 +233,15 @@ class ServerManager:
         )
 
 
+def answers(root_url: str) -> bool:
+    """Whether anything answers HTTP at ``root_url`` (any status: a dying engine's 503 counts)."""
+    try:
+        httpx.get(root_url + "/health", timeout=2.0, trust_env=False)
+    except httpx.TransportError:
+        return False
+    return True
+
+
 def _version_or_none(preset: Any, root: str, executable: str | None = None) -> str | None:
     try:
         return read_version(preset, root, executable)

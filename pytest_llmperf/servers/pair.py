@@ -16,9 +16,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-import httpx
-
-from pytest_llmperf.servers.manager import ServerUnavailable
+from pytest_llmperf.servers.manager import ServerUnavailable, answers
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -100,12 +98,12 @@ class ServerPair:
         process = info.process
         if process is not None and connect_errors and process.alive():
             deadline = time.monotonic() + _DEATH_WAIT_S
-            while process.alive() and time.monotonic() < deadline and not _answers(info.root_url):
+            while process.alive() and time.monotonic() < deadline and not answers(info.root_url):
                 time.sleep(0.1)
         if process is not None and not process.alive():
             raise SideFailed(side, f"({info.preset}) died during the run (exited with code {process.exited_code()}); "
                                    f"log {info.log_path}, tail:\n{_tail(process.log_tail(20))}")
-        if connect_errors and not _answers(info.root_url):
+        if connect_errors and not answers(info.root_url):
             where = f"; log {info.log_path}, tail:\n{_tail(process.log_tail(20))}" if process is not None else ""
             raise SideFailed(side, f"({info.preset} at {info.base_url}) stopped answering during the run{where}")
 
@@ -115,14 +113,6 @@ class ServerPair:
     def stop(self) -> None:
         for manager in self.managers.values():
             manager.stop()
-
-
-def _answers(root_url: str) -> bool:
-    try:
-        httpx.get(root_url + "/health", timeout=2.0, trust_env=False)
-    except httpx.TransportError:
-        return False
-    return True
 
 
 def _tail(lines: Sequence[str]) -> str:
