@@ -136,7 +136,8 @@ class GateSession:
 
     @classmethod
     def from_sessions(cls, sessions: Sequence[Mapping[str, SavedEntry]], settings: GateSettings | None = None, *,
-                      session_ids: Sequence[str] | None = None, change_alpha: float | None = 0.01) -> GateSession:
+                      session_ids: Sequence[str] | None = None, change_alpha: float | None = 0.01,
+                      prior_session_cv: float = PRIOR_SESSION_CV) -> GateSession:
         """The gate against main's history: ``sessions`` are saved sessions' ``tests`` (newest
         first). Per run key, only sessions measured on the newest one's setup are pooled (the
         others are named in :attr:`notes`), and only since the last change point of any of its
@@ -178,7 +179,7 @@ class GateSession:
             if row:
                 model_sessions.append(row)
         gate = cls(baseline, settings or GateSettings(), notes=notes)
-        gate.model = estimate(model_sessions) if model_sessions else None
+        gate.model = estimate(model_sessions, prior_cv=prior_session_cv) if model_sessions else None
         return gate
 
     @property
@@ -235,6 +236,14 @@ class GateSession:
             del self.runs[n_runs:]
             del self._tracked[n_tracked:]
             del self.missing[n_missing:]
+
+    def stop_early(self, tentative: RunComparison | None) -> bool:
+        """Adaptive trials: whether the trials measured so far already settle ``tentative`` (what
+        :meth:`preview` said of them), so more trials cannot change the verdict."""
+        if tentative is None:
+            return False
+        settled = (Verdict.UNCHANGED, Verdict.IMPROVED, Verdict.NOT_GATED)
+        return all(c.verdict in settled for c in tentative.comparisons)
 
     def _session_mode(self, key: str, run: RunComparison, candidate: SavedEntry, tolerance: float) -> None:
         """Replace each log-scale statistic's trial comparison with the session model's total test

@@ -39,6 +39,7 @@ class TrialEntry(TypedDict, total=False):
     """One trial: its gated statistics and compact per-request samples."""
 
     index: int
+    launch: int  # which server launch of the session measured it, 0-based (absent: 0)
     started_at: str
     window_s: float
     censored: bool  # latency stats count failures as +inf (absent in entries of older versions)

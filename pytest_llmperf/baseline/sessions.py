@@ -137,17 +137,18 @@ class SessionModel:
         return self.sessions < MIN_SESSIONS
 
 
-def estimate(sessions: Sequence[Mapping[tuple[str, str], SessionLogs]]) -> SessionModel:
+def estimate(sessions: Sequence[Mapping[tuple[str, str], SessionLogs]], *,
+             prior_cv: float = PRIOR_SESSION_CV) -> SessionModel:
     """Fit the model to the baseline's sessions (each maps (key, stat) to that session's logs)."""
     names = sorted({name for s in sessions for name in s})
     k = len(sessions)
-    model = SessionModel(sessions=k)
+    model = SessionModel(sessions=k, tau_global=math.sqrt(_log_var(prior_cv)))
     if not names:
         return model
     means = {n: float(np.mean([s[n].mean for s in sessions if n in s])) for n in names}
     dev = [{n: s[n].mean - means[n] for n in s} for s in sessions]
     shift = [float(np.median(list(d.values()))) if d else 0.0 for d in dev]
-    prior_var = _log_var(PRIOR_SESSION_CV)
+    prior_var = _log_var(prior_cv)
     floor_var = _log_var(FLOOR_CV)
     if k >= MIN_SESSIONS:
         model.tau_global = math.sqrt(max(float(np.var(shift, ddof=1)), floor_var))

@@ -18,7 +18,7 @@ from pytest_llmperf.plugin.state import nodeid_of
 from pytest_llmperf.results import merge_runs
 from pytest_llmperf.servers.manager import answers
 from pytest_llmperf.servers.pair import CANDIDATE, REFERENCE, block_order
-from pytest_llmperf.stats import DEFAULT_TRIALS, Verdict
+from pytest_llmperf.stats import DEFAULT_TRIALS
 from pytest_llmperf.workload import Workload
 
 # Trials run before the gate's tentative look (see LLMPerf._adaptive).
@@ -189,8 +189,7 @@ class LLMPerf:
             tentative = gate.preview(key, run_entry(first, fingerprint, self.slos))
         except LLMPerfError:
             tentative = None
-        settled = (Verdict.UNCHANGED, Verdict.IMPROVED, Verdict.NOT_GATED)
-        if tentative is not None and all(c.verdict in settled for c in tentative.comparisons):
+        if gate.stop_early(tentative):
             self._item.user_properties.append(("llmperf.adaptive", f"stopped after {ADAPTIVE_FIRST} trials"))
             return first
         more = runner.run(workload, slo=self.slo, trials=DEFAULT_TRIALS - ADAPTIVE_FIRST)
