@@ -106,7 +106,7 @@ def compare_entries(
     for g in entry_gated_stats(candidate):
         if g.kind == "errors":
             comp = _compare_errors(g, baseline, candidate, tolerance=tolerance, alpha=alpha)
-            out.comparisons.append(_bonferroni(comp, family_size))
+            out.comparisons.append(bonferroni(comp, family_size))
             continue
         b_vals = [trial_stat(t, g) for t in base_trials]
         c_vals = [trial_stat(t, g) for t in cand_trials]
@@ -134,7 +134,7 @@ def compare_entries(
                 baseline_window_s=b_win if g.metric is None else None,
                 candidate_window_s=c_win if g.metric is None else None,
             )
-        out.comparisons.append(_bonferroni(comp, family_size))
+        out.comparisons.append(bonferroni(comp, family_size))
     invalid = _invalid_reasons(candidate, "candidate") + _invalid_reasons(latest, "baseline")
     if invalid:
         # An invalid run is reported as invalid, never as a regression or a pass.
@@ -153,36 +153,54 @@ def _invalid_reasons(entry: Mapping[str, Any], side: str) -> list[str]:
 MIN_BEYOND_PER_TRIAL = 2
 
 
-def precision_floor(entry: Mapping[str, Any], g: GatedStat) -> str | None:
+def precision_floor(entry: Mapping[str, Any], g: GatedStat, *, measured_spread: bool = False) -> str | None:
     """Why a percentile cannot be judged from an entry's trials, or None when it can.
 
-    A trial's q-th percentile is informative only with some samples beyond it; counted on the
-    effective sample size (:func:`~pytest_llmperf.stats.effective_sample_size`, requests in one
-    run are autocorrelated), every trial needs ``n_eff · (1 − q) ≥`` :data:`MIN_BEYOND_PER_TRIAL`.
+    A trial's q-th percentile is informative only with some samples beyond it. Judged from one
+    run's requests alone (quick and trials mode), the precision of the quantile comes from the
+    requests, which are autocorrelated, so the count is the effective sample size
+    (:func:`~pytest_llmperf.stats.effective_sample_size`): every trial needs ``n_eff · (1 − q)
+    ≥`` :data:`MIN_BEYOND_PER_TRIAL`. With ``measured_spread`` (the session model, which measures
+    the statistic's own spread across trials, launches and sessions, autocorrelation included)
+    the quantile only has to exist: every trial needs ``n · (1 − q) ≥`` :data:`MIN_BEYOND_PER_TRIAL`
+    requests beyond it and the side's trials together :data:`~pytest_llmperf.stats.MIN_TAIL_SAMPLES`.
     Below that the "p99" of each trial is its maximum: the gate says so instead of judging it."""
     q = _PERCENTILE_Q.get(g.stat)
     if q is None or g.metric is None:
         return None
     tail = 1.0 - q / 100.0
     worst: tuple[float, int] | None = None
-    for trial in entry.get("trials") or []:
+    pooled = 0.0
+    trials = entry.get("trials") or []
+    for trial in trials:
         packed = (trial.get("samples") or {}).get(g.metric)
         if packed is not None and g.request_type is None and g.metric != "itl_s":
             series = unpack_samples(packed)
-            n, n_eff = series.size, effective_sample_size(series)
+            n = series.size
+            n_eff = float(n) if measured_spread else effective_sample_size(series)
         else:
             summary = entry.get("summary") or {}
             dist = summary.get(g.metric)
             if not dist:
                 continue  # neither samples nor counts: nothing to judge the precision by
-            n = int(dist.get("count") or 0) // max(1, len(entry.get("trials") or []))
+            n = int(dist.get("count") or 0) // max(1, len(trials))
             n_eff = float(n)
+        pooled += n * tail
         if worst is None or n_eff < worst[0]:
             worst = (n_eff, n)
-    if worst is None or worst[0] * tail >= MIN_BEYOND_PER_TRIAL:
+    if worst is None:
+        return None
+    unit = "inter-token gaps" if g.metric == "itl_s" else "requests"
+    if measured_spread:
+        if worst[0] * tail >= MIN_BEYOND_PER_TRIAL and pooled >= MIN_TAIL_SAMPLES:
+            return None
+        need = math.ceil(max(MIN_BEYOND_PER_TRIAL / tail, MIN_TAIL_SAMPLES / tail / max(len(trials), 1)) - 1e-9)
+        return (f"{g.stat} cannot be judged: a trial of {worst[1]} {unit} has ~{worst[1] * tail:.1f} beyond the "
+                f"{g.stat} ({pooled:.0f} over {len(trials)} trials); {need} {unit} per trial needed for "
+                f"{MIN_BEYOND_PER_TRIAL} per trial and {MIN_TAIL_SAMPLES} in all; run longer trials")
+    if worst[0] * tail >= MIN_BEYOND_PER_TRIAL:
         return None
     need = math.ceil(MIN_BEYOND_PER_TRIAL / tail)
-    unit = "inter-token gaps" if g.metric == "itl_s" else "requests"
     return (f"{g.stat} cannot be judged: a trial of {worst[1]} {unit} is worth ~{worst[0]:.0f} independent ones, "
             f"{need} needed for {MIN_BEYOND_PER_TRIAL} beyond the {g.stat}; run longer trials")
 
@@ -325,7 +343,7 @@ def _not_gated_stat(g: GatedStat, n_b: int, n_c: int, tolerance: float, alpha: f
                       n_candidate=n_c, verdict=Verdict.NOT_GATED, reason=reason)
 
 
-def _bonferroni(c: Comparison, m: int) -> Comparison:
+def bonferroni(c: Comparison, m: int) -> Comparison:
     if not c.gated or m <= 1:
         return c
     p = min(1.0, c.p_value * m)

@@ -35,15 +35,18 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from pytest_llmperf.baseline.compare import (
     RunComparison,
+    bonferroni,
     compare_capacity,
     compare_entries,
     headline,
     precision_floor,
     trial_stat,
 )
-from pytest_llmperf.baseline.history import change_points, session_value
+from pytest_llmperf.baseline.history import change_points, recent_shift, session_value
 from pytest_llmperf.baseline.schema import GatedStat, SavedEntry, entry_gated_stats, entry_slo, is_capacity
 from pytest_llmperf.baseline.sessions import (
     MIN_SESSIONS,
@@ -59,7 +62,7 @@ from pytest_llmperf.baseline.sessions import (
     total_test,
 )
 from pytest_llmperf.formatting import fmt_pct
-from pytest_llmperf.stats import DEFAULT_ALPHA, DEFAULT_TOLERANCE, Comparison, Verdict, decide, holm
+from pytest_llmperf.stats import DEFAULT_ALPHA, DEFAULT_TOLERANCE, Comparison, Verdict, compare_counts, decide, holm
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
@@ -113,6 +116,7 @@ class GateSession:
     notes: dict[str, list[str]] = field(default_factory=dict)  # per key: sessions left out, and why
     paired: bool = False  # A/B mode: the baseline is the reference measured in this session
     _tracked: list[_Tracked] = field(default_factory=list)
+    _preview_reach: dict[str, float] = field(default_factory=dict)  # see stop_early
 
     @classmethod
     def against_reference(cls, settings: GateSettings | None = None) -> GateSession:
@@ -137,34 +141,47 @@ class GateSession:
     @classmethod
     def from_sessions(cls, sessions: Sequence[Mapping[str, SavedEntry]], settings: GateSettings | None = None, *,
                       session_ids: Sequence[str] | None = None, change_alpha: float | None = 0.01,
-                      prior_session_cv: float = PRIOR_SESSION_CV) -> GateSession:
+                      prior_session_cv: float = PRIOR_SESSION_CV, recent_alpha: float = 0.05) -> GateSession:
         """The gate against main's history: ``sessions`` are saved sessions' ``tests`` (newest
         first). Per run key, only sessions measured on the newest one's setup are pooled (the
         others are named in :attr:`notes`), and only since the last change point of any of its
-        statistics (``change_alpha=None`` pools all of them: for histories known to be stationary)."""
+        statistics or a move confined to the newest sessions (:func:`~.history.recent_shift`, at
+        ``recent_alpha``: a false cut only shortens history); ``change_alpha=None`` pools all
+        of them, for histories known to be stationary. ``prior_session_cv`` is the session
+        spread assumed before history or launches measure it (``--llmperf-session-cv``)."""
         ids = list(session_ids) if session_ids is not None else [f"session {i + 1}" for i in range(len(sessions))]
         keys: list[str] = []
         for tests in sessions:
             keys.extend(k for k in tests if k not in keys)
-        baseline: dict[str, list[SavedEntry]] = {}
-        kept: dict[str, set[int]] = {}
+        matching: dict[str, list[tuple[int, SavedEntry]]] = {}
         notes: dict[str, list[str]] = {}
         for key in keys:
             indexed = [(i, tests[key]) for i, tests in enumerate(sessions) if key in tests]
             newest_fp = indexed[0][1].get("fingerprint")
-            matching = [(i, e) for i, e in indexed if e.get("fingerprint") == newest_fp]
+            matching[key] = [(i, e) for i, e in indexed if e.get("fingerprint") == newest_fp]
             other = [ids[i] for i, e in indexed if e.get("fingerprint") != newest_fp]
             if other:
                 notes.setdefault(key, []).append(
                     f"{len(other)} session(s) measured on another setup left out: {', '.join(other[:5])}")
-            cut = _last_change(matching, alpha=change_alpha) if change_alpha is not None else 0
-            if cut:
-                notes.setdefault(key, []).append(
-                    f"{len(matching) - cut} session(s) before a change point in main's history left out")
-                matching = matching[:cut]
-            baseline[key] = [e for _, e in matching]
-            kept[key] = {i for i, _ in matching}
+        if change_alpha is not None:
+            cuts = _recent_cuts(matching, alpha=recent_alpha)
+            for key in keys:
+                cut = _last_change(matching[key], alpha=change_alpha)
+                recent = cuts.get(key, 0)
+                if recent and (not cut or recent < cut):
+                    notes.setdefault(key, []).append(
+                        f"main moved in its newest {recent} session(s): {len(matching[key]) - recent} older "
+                        "session(s) left out")
+                    cut = recent
+                elif cut:
+                    notes.setdefault(key, []).append(
+                        f"{len(matching[key]) - cut} session(s) before a change point in main's history left out")
+                if cut:
+                    matching[key] = matching[key][:cut]
+        baseline = {key: [e for _, e in rows] for key, rows in matching.items()}
+        kept = {key: {i for i, _ in rows} for key, rows in matching.items()}
         model_sessions: list[dict[tuple[str, str], SessionLogs]] = []
+        signs: dict[tuple[str, str], float] = {}
         for i, tests in enumerate(sessions):
             row: dict[tuple[str, str], SessionLogs] = {}
             for key, entry in tests.items():
@@ -176,10 +193,11 @@ class GateSession:
                     logs = _logs(entry, g)
                     if logs is not None:
                         row[(key, g.key)] = logs
+                        signs[(key, g.key)] = -1.0 if g.higher_is_better else 1.0
             if row:
                 model_sessions.append(row)
         gate = cls(baseline, settings or GateSettings(), notes=notes)
-        gate.model = estimate(model_sessions, prior_cv=prior_session_cv) if model_sessions else None
+        gate.model = estimate(model_sessions, prior_cv=prior_session_cv, signs=signs) if model_sessions else None
         return gate
 
     @property
@@ -230,6 +248,7 @@ class GateSession:
         """What :meth:`judge` would say, without recording anything (adaptive trials ask this
         after the first trials to decide whether to run more)."""
         n_runs, n_tracked, n_missing = len(self.runs), len(self._tracked), len(self.missing)
+        self._preview_reach = {}
         try:
             return self.judge(key, candidate)
         finally:
@@ -239,11 +258,25 @@ class GateSession:
 
     def stop_early(self, tentative: RunComparison | None) -> bool:
         """Adaptive trials: whether the trials measured so far already settle ``tentative`` (what
-        :meth:`preview` said of them), so more trials cannot change the verdict."""
+        :meth:`preview` said of them), so more trials cannot change the verdict.
+
+        A statistic is settled when it reads UNCHANGED or IMPROVED, or, judged by the session
+        model, when it could not read REGRESSED even after as many more trials as the default
+        plan: more trials shrink only the trial part of its standard error, so with the trial
+        part gone (SE_min) and the estimate moved up by twice the trial noise the remaining
+        trials could add, its badness stays below the hurdle max(log(1 + δ), q·SE_min). A
+        statistic that cannot be judged yet (NOT_GATED), or an INCONCLUSIVE one outside the
+        session model, never lets the trials stop."""
         if tentative is None:
             return False
-        settled = (Verdict.UNCHANGED, Verdict.IMPROVED, Verdict.NOT_GATED)
-        return all(c.verdict in settled for c in tentative.comparisons)
+        for c in tentative.comparisons:
+            if c.verdict in (Verdict.UNCHANGED, Verdict.IMPROVED):
+                continue
+            reach = self._preview_reach.get(c.name)
+            if c.verdict is Verdict.INCONCLUSIVE and reach is not None and reach < 0:
+                continue
+            return False
+        return True
 
     def _session_mode(self, key: str, run: RunComparison, candidate: SavedEntry, tolerance: float) -> None:
         """Replace each log-scale statistic's trial comparison with the session model's total test
@@ -253,15 +286,21 @@ class GateSession:
         notes = self.notes.get(key, [])
         for i, comp in enumerate(run.comparisons):
             g = stats.get(comp.name)
+            if g is None:
+                continue
+            if g.kind == "errors":
+                run.comparisons[i] = self._errors(key, g, comp, candidate, tolerance)
+                continue
             model = self.model.stats.get((key, comp.name))
-            if g is None or g.kind == "errors" or model is None:
+            if model is None:
                 continue
             if comp.verdict is Verdict.NOT_GATED and comp.reason.startswith("invalid run"):
                 continue
             logs = _logs(candidate, g)
             if logs is None:
                 continue
-            floor = precision_floor(candidate, g) or precision_floor(self.baseline[key][0], g)
+            floor = (precision_floor(candidate, g, measured_spread=True)
+                     or precision_floor(self.baseline[key][0], g, measured_spread=True))
             if floor is not None:
                 run.comparisons[i] = dataclasses.replace(comp, verdict=Verdict.NOT_GATED, reason=floor,
                                                          mode="sessions")
@@ -270,29 +309,77 @@ class GateSession:
             run.comparisons[i] = self._total(comp, model, logs, sign, tolerance, notes)
             self._tracked.append(_Tracked(len(self.runs), i, (key, comp.name), sign, tolerance, logs))
 
+    def _errors(self, key: str, g: GatedStat, comp: Comparison, candidate: SavedEntry, tolerance: float) -> Comparison:
+        """The error rate against main's sessions: the count test with both sides' counts divided
+        by the between-session overdispersion φ (quasi-binomial), φ = Pearson χ² / (K − 1) of the
+        baseline sessions' failures around their pooled rate, at least 1. Sessions whose error
+        rate differs more than binomial noise allows (a flaky dependency, a noisy runner) would
+        otherwise make every clean run that lands on a bad day read REGRESSED."""
+        counts = []
+        for entry in self.baseline.get(key, []):
+            summary = entry.get("summary") or {}
+            if "failed" in summary and "requests" in summary and int(summary["requests"]) > 0:
+                counts.append((int(summary["failed"]), int(summary["requests"])))
+        summary = candidate.get("summary") or {}
+        if len(counts) < 2 or "failed" not in summary or "requests" not in summary:
+            return comp
+        failed = sum(f for f, _ in counts)
+        total = sum(n for _, n in counts)
+        rate = failed / total
+        if rate <= 0 or rate >= 1:
+            return comp
+        chi2 = sum((f - n * rate) ** 2 / (n * rate * (1 - rate)) for f, n in counts)
+        phi = max(1.0, chi2 / (len(counts) - 1))
+        if phi <= 1.0:
+            return comp
+        kc, nc = int(summary["failed"]), int(summary["requests"])
+        out = compare_counts(g.key, round(failed / phi), max(1, round(total / phi)), round(kc / phi),
+                             max(1, round(nc / phi)), tolerance=tolerance, alpha=self.settings.alpha)
+        out = dataclasses.replace(out, baseline_value=rate, candidate_value=kc / nc if nc else math.nan,
+                                  n_baseline=total, n_candidate=nc,
+                                  method=out.method + f"; counts divided by the between-session overdispersion "
+                                                      f"φ = {phi:.2f} of {len(counts)} main sessions")
+        return bonferroni(out, self.family_size * self._spot_share)
+
     def _total(self, comp: Comparison, model: StatModel, logs: SessionLogs, sign: float, tolerance: float,
                notes: Sequence[str]) -> Comparison:
         alpha = self.settings.alpha
         test = total_test(model, logs, sign)
-        lo, hi = test.interval(alpha)
+        m = self._spot_share * self.family_size
         theta = test.estimate * sign
-        ci = sorted((math.expm1(lo * sign), math.expm1(hi * sign)))
-        p_adj = min(1.0, test.p_value * self._spot_share * self.family_size)
-        verdict, reason = decide(math.expm1(theta), ci[0], ci[1], p_adj, tolerance=tolerance, alpha=alpha,
-                                 higher_is_better=sign < 0)
-        detect = detectable_change(test.se, test.df, alpha=alpha / (self._spot_share * self.family_size),
-                                   tolerance=tolerance)
-        if model.prior and verdict is Verdict.REGRESSED and lo <= math.log1p(tolerance):
-            verdict = Verdict.INCONCLUSIVE
-            reason = (f"history of {model.sessions} main session(s), {MIN_SESSIONS} needed to measure session "
-                      f"noise: with the {PRIOR_SESSION_CV:.0%} prior a change is confirmed only beyond "
-                      f"{fmt_pct(detect)}; save more sessions of the baseline")
-        method = (f"session model: {model.sessions} main session(s){' (prior)' if model.prior else ''}; "
-                  f"session CV {cv_of(model.tau_total):.1%}, beyond the session-wide shift "
-                  f"{cv_of(model.tau_specific):.1%}, trial CV {cv_of(math.sqrt(model.within_var)):.1%}; "
-                  f"smallest detectable change {fmt_pct(detect)}")
+        p_adj = min(1.0, test.p_value * m)
+        detect = detectable_change(test.se, test.df, alpha=alpha / m, tolerance=tolerance)
+        method = (f"session model: {model.sessions} main session(s){' (prior)' if model.prior else ''} of "
+                  f"{model.total.launches:g} launch(es), candidate {logs.n_launches} launch(es); "
+                  f"{_spread_text(model)}; smallest detectable change {fmt_pct(detect)}")
+        if logs.censored:
+            method += (f"; {logs.censored} of {logs.trials} candidate trials beyond every successful request "
+                       "(counted at the worst finite trial, a lower bound)")
         if notes:
             method += "; " + "; ".join(notes)
+        if math.isinf(test.estimate):
+            reason = (f"{logs.censored} of {logs.trials} trials put the {comp.name} beyond every successful "
+                      "request (too many failed requests)")
+            return dataclasses.replace(
+                comp, baseline_value=math.exp(model.mean), candidate_value=math.inf, change=math.inf * sign,
+                theta=math.inf * sign, ci_low=math.nan, ci_high=math.nan, p_value=0.0, p_adjusted=0.0,
+                mode="sessions", n_baseline=model.sessions, n_candidate=logs.trials, verdict=Verdict.REGRESSED,
+                reason=reason, method=method)
+        lo, hi = test.interval(alpha)
+        ci = sorted((math.expm1(lo * sign), math.expm1(hi * sign)))
+        verdict, reason = decide(math.expm1(theta), ci[0], ci[1], p_adj, tolerance=tolerance, alpha=alpha,
+                                 higher_is_better=sign < 0)
+        q_min = _quantile_for(alpha / m, test.df)
+        se_min = math.sqrt(max(test.se ** 2 - model.within_var / max(logs.trials, 1), 0.0))
+        more = 2.0 * math.sqrt(model.within_var / max(logs.trials, 1))
+        self._preview_reach[comp.name] = test.estimate + more - max(math.log1p(tolerance), q_min * se_min)
+        if model.prior and verdict is Verdict.REGRESSED and lo <= math.log1p(tolerance):
+            verdict = Verdict.INCONCLUSIVE
+            reason = (f"nothing has measured session noise yet ({model.sessions} main session(s) of one launch): "
+                      f"with the {cv_of(math.sqrt(model.total.session_prior)):.0%} prior a change is confirmed "
+                      f"only beyond {fmt_pct(detect)}; {_settle_hint(model)}")
+        elif verdict is Verdict.INCONCLUSIVE and detect > 2 * tolerance:
+            reason = f"{reason}; {_settle_hint(model)}" if reason else _settle_hint(model)
         return dataclasses.replace(
             comp, baseline_value=math.exp(model.mean), candidate_value=math.exp(logs.mean),
             change=math.expm1(theta), theta=theta, ci_low=ci[0], ci_high=ci[1], p_value=test.p_value,
@@ -333,22 +420,26 @@ class GateSession:
     def _session_wide(self, final: list[RunComparison]) -> None:
         assert self.model is not None
         alpha = self.settings.alpha
+        candidates = {t.name: t.logs for t in self._tracked}
         badness = {t.name: (t.logs.mean - self.model.stats[t.name].mean) * t.sign for t in self._tracked}
-        trials = {t.name: t.logs.trials for t in self._tracked}
-        glob, specific = session_tests(self.model, badness, trials)
+        glob, specific = session_tests(self.model, candidates)
         flagged: dict[tuple[str, str], str] = {}
         if glob.p_value * 4 < alpha:  # a quarter of α
             for t in self._tracked:
-                if badness[t.name] > math.log1p(t.tolerance):
+                own = total_test(self.model.stats[t.name], t.logs, t.sign)
+                # The shift admits a statistic only on its own evidence: its total test at the
+                # same quarter of α, and beyond the tolerance.
+                if own.p_value * 4 < alpha and badness[t.name] > math.log1p(t.tolerance):
                     flagged[t.name] = (f"the whole session moved by {fmt_pct(math.expm1(glob.estimate))} against "
-                                       f"main's sessions (session-wide test, p = {glob.p_value * 4:.3g})")
+                                       f"main's sessions (session-wide test, p = {glob.p_value * 4:.3g}), and this "
+                                       f"statistic with it (its own p = {own.p_value * 4:.3g})")
         order = sorted(specific.items(), key=lambda kv: kv[1].p_value)
         tol = {t.name: t.tolerance for t in self._tracked}
         for rank, (name, test) in enumerate(order):
             p_holm = test.p_value * 2 * (len(order) - rank)  # half of α, Holm
             if p_holm >= alpha:
                 break
-            if max(badness[name], test.estimate) > math.log1p(tol[name]):
+            if test.estimate > math.log1p(tol[name]):
                 flagged.setdefault(name, f"worse by {fmt_pct(math.expm1(test.estimate))} beyond the session's "
                                          f"common shift (specific test, Holm p = {p_holm:.3g})")
         for t in self._tracked:
@@ -362,7 +453,7 @@ class GateSession:
             if model.prior and low_badness <= math.log1p(t.tolerance):
                 final[t.run].comparisons[t.index] = dataclasses.replace(
                     comp, verdict=Verdict.INCONCLUSIVE,
-                    reason=f"{why}; but main's history is too short to confirm it ({model.sessions} session(s))")
+                    reason=f"{why}; but nothing has measured session noise yet: {_settle_hint(model)}")
                 continue
             final[t.run].comparisons[t.index] = dataclasses.replace(comp, verdict=Verdict.REGRESSED, reason=why)
 
@@ -379,22 +470,21 @@ class GateSession:
             entry = entries[0]
             name = node_of(key).split("::")[-1]
             for g in entry_gated_stats(entry):
-                floor = precision_floor(entry, g)
+                model = self.model.stats.get((key, g.key)) if self.model is not None else None
+                floor = precision_floor(entry, g, measured_spread=model is not None)
                 if floor is not None:
                     lines.append(f"{name}: {floor}")
                     continue
-                model = self.model.stats.get((key, g.key)) if self.model is not None else None
                 if model is None:
                     continue
                 tolerance = self.tolerance_for(entry)
-                se = model.tau_total * math.sqrt(1.0 + 1.0 / max(model.sessions, 1))
-                detect = detectable_change(se, model.df, alpha=self.settings.alpha / (self._spot_share * self.family_size),
+                se2, df = model.total.variance([0.0] * max(int(round(model.total.launches)), 1))
+                detect = detectable_change(math.sqrt(se2), df, alpha=self.settings.alpha / (self._spot_share * self.family_size),
                                            tolerance=tolerance)
                 if detect > 2 * tolerance:
-                    why = (f"{model.sessions} main session(s), below {MIN_SESSIONS}: the {PRIOR_SESSION_CV:.0%} prior stands "
-                           f"in for session noise" if model.prior else f"session CV {cv_of(model.tau_total):.1%}")
-                    lines.append(f"{name}: {g.key} can only be confirmed worse beyond {fmt_pct(detect)} ({why}); "
-                                 "the end-of-session tests may do better")
+                    lines.append(f"{name}: {g.key} can only be confirmed worse beyond {fmt_pct(detect)} on its own "
+                                 f"({_spread_text(model)}); the end-of-session tests may do better; "
+                                 f"{_settle_hint(model)}")
         return lines
 
     def headline(self) -> str:
@@ -404,18 +494,49 @@ class GateSession:
         return {r.key: r for r in self.runs}
 
 
+def _quantile_for(alpha: float, df: float) -> float:
+    from scipy import stats as sps
+
+    return float(sps.norm.isf(alpha)) if math.isinf(df) else float(sps.t.isf(alpha, df))
+
+
+def _spread_text(model: StatModel) -> str:
+    d = model.to_dict()
+    parts = [f"session CV {d['session_cv']:.1%}" + (" (prior)" if model.prior else "")]
+    if d["launch_cv"] is not None:
+        parts.append(f"launch CV {d['launch_cv']:.1%}")
+    parts.append(f"beyond the session-wide shift {d['specific_cv']:.1%}")
+    parts.append(f"trial CV {d['trial_cv']:.1%}")
+    return ", ".join(parts)
+
+
+def _settle_hint(model: StatModel) -> str:
+    """What would let the gate judge more finely: more main sessions, or launches."""
+    more = max(MIN_SESSIONS - model.sessions, 0)
+    hints = []
+    if more:
+        hints.append(f"{more} more main session(s)")
+    if model.total.launches < 3:
+        hints.append("--llmperf-launches 3 when saving main and gating")
+    if not hints:
+        return "longer or more trials shrink only the trial part; a quieter runner shrinks the rest"
+    return "needs " + " or ".join(hints)
+
+
 def _valid(entry: Mapping[str, Any]) -> bool:
     validity = (entry.get("summary") or {}).get("validity") or {}
     return bool(validity.get("valid", True))
 
 
 def _logs(entry: Mapping[str, Any], g: GatedStat) -> SessionLogs | None:
-    """A session's trial values of one statistic on the log scale; None when any trial's value
-    is missing or not a positive finite number (then the trial comparison stands)."""
-    values = [trial_stat(t, g) for t in entry.get("trials") or []]
-    if not values or any(v is None or not (v > 0) or not math.isfinite(v) for v in values):
+    """A session's trial values of one statistic on the log scale, with the launch of each; None
+    when any trial's value is missing or not positive (then the trial comparison stands). +inf
+    (a percentile beyond every successful request) is kept: :class:`SessionLogs` counts it."""
+    trials = entry.get("trials") or []
+    values = [trial_stat(t, g) for t in trials]
+    if not values or any(v is None or not (v > 0) for v in values):
         return None
-    return session_logs(values)
+    return session_logs(values, [int(t.get("launch") or 0) for t in trials])
 
 
 def _last_change(matching: Sequence[tuple[int, SavedEntry]], *, alpha: float) -> int:
@@ -434,6 +555,47 @@ def _last_change(matching: Sequence[tuple[int, SavedEntry]], *, alpha: float) ->
         if points:
             last = max(last, points[-1])
     return len(entries) - last if last else 0
+
+
+def _recent_cuts(matching: Mapping[str, Sequence[tuple[int, SavedEntry]]], *, alpha: float) -> dict[str, int]:
+    """Per run key, how many of the newest sessions follow a move confined to them (0: none).
+
+    Two kinds of move are tested (:func:`~pytest_llmperf.baseline.history.recent_shift`): the
+    whole server (the session-wide shift, the median over every statistic of every key of its
+    oriented log deviation, which cuts every key) and one statistic beyond that shift (which cuts
+    its key). Bonferroni over every series tested."""
+    series: dict[tuple[str, str], dict[int, float]] = {}
+    for key, rows in matching.items():
+        if not rows or is_capacity(rows[0][1]):
+            continue
+        for g in entry_gated_stats(rows[0][1]):
+            if g.kind == "errors":
+                continue
+            sign = -1.0 if g.higher_is_better else 1.0
+            values = {i: session_value(e, g.key) for i, e in rows if _valid(e)}
+            logs = {i: sign * math.log(v) for i, v in values.items() if v is not None and v > 0 and math.isfinite(v)}
+            if len(logs) >= 4:
+                series[(key, g.key)] = logs
+    if not series:
+        return {}
+    centred = {n: {i: y - float(np.mean(list(v.values()))) for i, y in v.items()} for n, v in series.items()}
+    sessions = sorted({i for v in centred.values() for i in v}, reverse=True)  # oldest first
+    shift = {i: float(np.median([v[i] for v in centred.values() if i in v])) for i in sessions}
+    family = len(series) + 1
+    whole, _ = recent_shift([shift[i] for i in sessions], alpha=alpha, family=family)
+    cuts: dict[str, int] = {}
+    for (key, _stat), v in centred.items():
+        order = [i for i in sessions if i in v]
+        r, _ = recent_shift([v[i] - shift[i] for i in order], alpha=alpha, family=family)
+        newest = [i for i in sessions if i in v][::-1]  # newest first
+        cut_sessions = {i for i in newest[:r]} if r else set()
+        if whole:
+            cut_sessions |= set(sessions[::-1][:whole])
+        if cut_sessions:
+            n_kept = sum(1 for i, _ in matching[key] if i in cut_sessions)
+            if n_kept and (key not in cuts or n_kept < cuts[key]):
+                cuts[key] = n_kept
+    return cuts
 
 
 # ``git bisect run`` reads an exit status as: 0 good, 1 bad, 125 cannot tell (skip this commit),

@@ -20,7 +20,18 @@ recomputed for each shuffle, and the p-value is
     p = (1 + #{shuffles with reduction >= observed}) / (1 + permutations).
 
 Accepted splits are searched again on both sides (the e-divisive recipe with a significance rule
-on top of a well-kept segmentation library). ``alpha`` defaults to 0.01 per test: a false change
+on top of a well-kept segmentation library).
+
+**A move in the newest sessions.** A permutation test over n sessions cannot reach α = 0.01
+when the shift is confined to the newest one to three (too few orderings put them last), yet
+that is exactly where main stands the day after it accepted a regression. So the newest r = 1,
+2, 3 sessions are also tested against the older ones by a two-sample t statistic with the older
+segment's spread (:func:`recent_shift`),
+
+    t_r = (mean(new) − mean(old)) / (s_old · sqrt(1/r + 1/(n − r))),   ν = n − r − 1,
+
+two-sided, Bonferroni over the r tried and the series the caller tests together; the r with
+the smallest p-value is where history is cut. ``alpha`` defaults to 0.01 per test: a false change
 point only shortens the pooled history, a missed one blurs it, and both are mild; a false alarm of
 the gate itself is the costly error.
 """
@@ -97,6 +108,34 @@ def change_points(values: Sequence[float], *, alpha: float = 0.01, permutations:
     return sorted(found)
 
 
+def recent_shift(values: Sequence[float], *, alpha: float, family: int = 1, max_recent: int = 3,
+                 min_older: int = 3) -> tuple[int, float]:
+    """(r, p): the newest ``r`` values (oldest first; already on the log scale) moved away from
+    the older ones (see the module docstring), with the Bonferroni-adjusted p-value; (0, p) when
+    no r is significant at ``alpha`` over ``family`` × the number of r tried."""
+    from scipy import stats as sps
+
+    x = np.asarray(values, dtype=float)
+    tried: list[tuple[float, int]] = []
+    for r in range(1, max_recent + 1):
+        old, new = x[:-r], x[-r:]
+        if old.size < min_older or not np.all(np.isfinite(x)):
+            break
+        sd = float(old.std(ddof=1))
+        diff = float(new.mean() - old.mean())
+        if sd <= 0:
+            p = 0.0 if diff != 0 else 1.0
+        else:
+            t = diff / (sd * math.sqrt(1.0 / r + 1.0 / old.size))
+            p = float(2 * sps.t.sf(abs(t), old.size - 1))
+        tried.append((p, r))
+    if not tried:
+        return 0, 1.0
+    p, r = min(tried)
+    p_adj = min(1.0, p * len(tried) * max(family, 1))
+    return (r if p_adj < alpha else 0), p_adj
+
+
 @dataclass
 class StatSeries:
     """One gated statistic of one test run over main's sessions, oldest first."""
@@ -170,4 +209,4 @@ def load_history(store: BaselineStore, name: str, limit: int | None = None) -> H
     return History(name, runs, skipped)
 
 
-__all__ = ["DEFAULT_HISTORY", "History", "StatSeries", "change_points", "load_history", "session_value"]
+__all__ = ["DEFAULT_HISTORY", "History", "StatSeries", "change_points", "load_history", "recent_shift", "session_value"]

@@ -1,59 +1,71 @@
-"""The session as the unit: a two-level noise model estimated from main's history.
+"""The session as the unit: a noise model with a job level and a launch level, estimated from
+main's history and from the launches of the job itself.
 
-A CI job is a *session*: one server launch on whichever GPU and node the job got, running the
-suite's tests, each for a few *trials*. Noise enters at both levels, and a gate that only knows the
-trials of one session mistakes the session-to-session part for a regression. Every gated
-statistic is judged on the log scale, y = log(value), as elsewhere in :mod:`pytest_llmperf.stats`.
+A CI job is a *session*: one runner (node, GPU, driver) on which the server is launched ``L``
+times (``--llmperf-launches``, default 1); each launch serves every test's trials. Noise enters
+at three levels, and a gate that only knows the trials of one launch mistakes the rest for a
+regression. Every gated statistic is judged on the log scale, y = log(value), as elsewhere in
+:mod:`pytest_llmperf.stats`, and *oriented*: b = s·y with s = +1 where higher values are worse
+(latencies) and s = −1 where lower ones are (goodput), so that "worse" is positive for every
+statistic before anything is averaged across statistics.
 
-Model, for statistic i (one gated statistic of one test run) in session k, trial t::
+Model, for statistic i in job j, launch l, trial t::
 
-    y_{ikt} = μ_i + u_k + e_{ik} + ε_{ikt}
-    u_k ~ N(0, τ_g²)      the session-wide effect: one launch's speed, shared by every statistic
-    e_{ik} ~ N(0, τ_i²)   what is specific to statistic i in session k
-    ε_{ikt} ~ N(0, σ_i²)  trial-to-trial noise inside a session
+    b_{ijlt} = μ_i + r_j + u_{jl} + e_{ijl} + ε_{ijlt}
+    r_j    ~ N(0, ρ²)     the runner: what one job's machine adds, shared by its launches
+    u_{jl} ~ N(0, τ_g²)   the launch-wide effect (clocks, placement), shared by every statistic
+    e_{ijl}~ N(0, τ_i²)   what is specific to statistic i in that launch
+    ε      ~ N(0, σ_i²)   trial-to-trial noise inside a launch
 
-Estimates from the baseline's K sessions (since the last change point, same fingerprint): with
-ȳ_{ik} the session means and D_{ik} = ȳ_{ik} − mean_k ȳ_{ik},
+Each series x (a statistic's deviation d_{ijl} = b̄_{ijl} − μ̂_i, its part beyond the launch's
+common shift d − û, or the shift û_{jl} = median_i d_{ijl} itself) is summarised by two
+variance components, fitted by the one-way ANOVA of launch means within jobs:
 
-    û_k = median_i D_{ik}                       (the session's shift, robust to odd statistics)
-    τ̂_g² = var_k(û_k),   τ̂_i,total² = var_k(D_{ik}),   τ̂_i² = var_k(D_{ik} − û_k)
-    σ̂_i² = pooled within-session variance of the trials
+    w  = Σ_j Σ_l (x_{jl} − x̄_j)² / Σ_j (L_j − 1)          the launch level (τ² + σ²/T)
+    s² = var_j(x̄_j)   over the K baseline jobs              the job level: ρ² + w / L_b
 
-The per-statistic variances are shrunk towards the median over the same statistic of the other
-tests (over all statistics when fewer than three tests have it),
-(ν·τ̂_i² + ν₀·τ̂_pool²) / (ν + ν₀) with ν = K − 1 and ν₀ = :data:`PRIOR_DF`, so a short history
-borrows strength across statistics and tests; and floored (:data:`FLOOR_CV`) so a lucky quiet
-history cannot promise more precision than any real machine has. With fewer than
-:data:`MIN_SESSIONS` sessions there is nothing to estimate a spread from: the gate uses the stated
-conservative prior (:data:`PRIOR_SESSION_CV` for the session-wide and per-statistic parts) and
-reports a change that the prior cannot tell from session noise as INCONCLUSIVE, never REGRESSED
-(REGRESSED then needs the whole interval beyond the tolerance).
+The candidate's own launches add to w's sum of squares and degrees of freedom (a uniform
+regression leaves the spread between its launches unchanged). The job part is ρ̂² = max(0,
+s² − w/L_b), shrunk towards the stated prior with ν₀ = :data:`PRIOR_DF` pseudo-degrees of
+freedom, ρ̃² = ((K − 1)ρ̂² + ν₀ p²) / (K − 1 + ν₀), where p is :data:`PRIOR_RUNNER_CV` (the
+runner part beyond launches) when launches are measured, else the prior session spread
+(``prior_session_cv``, default :data:`PRIOR_SESSION_CV`, a setting: ``--llmperf-session-cv``),
+which then stands for the whole session. The prior is external, so its pseudo-degrees of
+freedom count once; a statistic's total spread never borrows from the other statistics of the
+same sessions (they share the session effect, so they are not independent evidence). Only the
+specific parts, which are independent across statistics once the shift is removed, are pooled
+with the same statistic of the other tests (a TPOT median with TPOT medians).
 
-Tests, with θ̂_i = ȳ_i(candidate) − mean_k ȳ_{ik} and b_i = ±θ̂_i its "badness" (positive is worse):
+The difference θ̂ = b̄_c − mean_j b̄_j between a candidate job of L_c launches and K baseline
+jobs of L_b launches has
 
-1. **On the spot** (as each test finishes): total test, SE² = τ_i,total²(1 + 1/K) + σ_i²·max(0,
-   1/n_c − 1/n̄_b), Student's t with K − 1 + ν₀ degrees of freedom, Bonferroni over the session's
-   family with a quarter of the α budget (α/4m); every other gated statistic of the session (the
-   error rate's count test) is judged on the spot with the same share.
+    SE² = ρ̃²(1 + 1/K) + w(1/L_c + 1/(K·L_b)) + σ²·max(0, 1/T_c − 1/T_b)/L_c
+
+with Satterthwaite's degrees of freedom for the sum, ν = SE⁴ / (a²/ν_ρ + b²/ν_w), ν_ρ = K − 1 +
+ν₀, ν_w the launch level's. Without launches on either side (L = 1) the job-level variance is
+the whole session's, SE² = S̃²(1 + 1/K) with ν = K − 1 + ν₀. With K = 1 and L = 1 nothing
+measured the session spread: the prior stands and REGRESSED needs the whole interval beyond
+the tolerance (:attr:`StatModel.prior`).
+
+Tests, with b_i the candidate's badness:
+
+1. **On the spot** (as each test finishes): θ̂_i against the total series, Student's t,
+   Bonferroni over the session's family with a quarter of the α budget (α/4m).
 2. **At the end of the session**, using every statistic the session measured:
-   - session-wide: û = median_i b_i against SE_g² = τ_g²(1 + 1/K), with a quarter of α; when it
-     is significant and beyond the tolerance, every statistic whose own estimate is beyond the
-     tolerance is REGRESSED ("session-wide");
-   - specific: r_i = b_i − û against SE_i² = τ_i²(1 + 1/K) + the trial term, Holm over the
-     statistics with half of α; REGRESSED when significant and r_i is beyond the tolerance
-     (the workload got worse relative to the machine it ran on, even if a fast launch hid part
-     of it in the total).
+   - session-wide: û = median_i b_i against the shift series' SE, with a quarter of α. It
+     only *admits* statistics: one is REGRESSED through it when the shift is significant, its
+     own total test is significant at that same quarter of α (unadjusted: the session-wide test
+     already holds the family's error), and its own estimate is beyond the tolerance;
+   - specific: r_i = b_i − û against the specific series' SE, Holm over the statistics with
+     half of α; REGRESSED when significant and r_i is beyond the tolerance.
 
-By the union bound the whole suite's false-alarm rate stays at α or below, whatever the number
-of tests: the session-wide part is one test, and the specific parts have small variances (the
-shared launch effect is removed), which keeps power as tests are added. The price is explicit:
-when session noise is *not* shared (each test sees its own independent session effect), τ_i is as
-large as the total and the specific tests lose power; ``benchmarks/gate_calibration.py`` prints
-both cases.
+By the union bound the whole suite's false-alarm rate stays at α or below whatever the number of
+tests. ``benchmarks/gate_calibration.py`` measures it, and the power, at every length of history.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -64,10 +76,13 @@ from scipy import stats as sps
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
-MIN_SESSIONS = 3
-PRIOR_DF = 3
-PRIOR_SESSION_CV = 0.05
+MIN_SESSIONS = 3  # main sessions that measure the job-level spread well enough to say so
+PRIOR_DF = 3  # pseudo-degrees of freedom of a stated prior
+PRIOR_SESSION_CV = 0.05  # session spread assumed before anything measured it (a setting)
+PRIOR_RUNNER_CV = 0.01  # runner spread beyond launches assumed before history measured it
 FLOOR_CV = 0.003
+MAX_POOLED_DF = 20  # most degrees of freedom the specific part borrows from its peers
+_FLOOR_VAR = math.log1p(FLOOR_CV * FLOOR_CV)
 
 
 def _log_var(cv: float) -> float:
@@ -81,111 +96,296 @@ def cv_of(log_sd: float) -> float:
 
 @dataclass(frozen=True)
 class SessionLogs:
-    """One statistic in one session: mean and within-session variance of the trials' log values."""
+    """One statistic in one session: its trials' log values and the launch that measured each.
 
-    mean: float
-    trials: int
-    within_var: float | None  # None with a single trial
+    A trial whose value is +inf (a percentile beyond every successful request: more than its tail
+    fraction failed) counts at the session's worst finite trial, a lower bound on the truth
+    (``censored`` counts them); when half or more of the trials are censored the session's
+    value is +inf (:attr:`mean`)."""
+
+    logs: tuple[float, ...]
+    launches: tuple[int, ...] = ()
+    censored: int = 0
+
+    @property
+    def trials(self) -> int:
+        return len(self.logs)
+
+    def _groups(self) -> list[list[float]]:
+        ids = self.launches if len(self.launches) == len(self.logs) else (0,) * len(self.logs)
+        groups: dict[int, list[float]] = {}
+        for launch, y in zip(ids, self.logs):
+            groups.setdefault(launch, []).append(y)
+        return [groups[k] for k in sorted(groups)]
+
+    @property
+    def launch_means(self) -> list[float]:
+        if 2 * self.censored >= max(self.trials, 1):
+            return [math.inf]
+        return [float(np.mean(g)) for g in self._groups()]
+
+    @property
+    def n_launches(self) -> int:
+        return len(self._groups())
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.launch_means))
+
+    @property
+    def trials_per_launch(self) -> float:
+        return self.trials / max(self.n_launches, 1)
+
+    @property
+    def within_var(self) -> float | None:
+        """Pooled trial variance inside the launches (None without two trials in a launch)."""
+        ss = dof = 0.0
+        for g in self._groups():
+            if len(g) >= 2:
+                ss += float(np.var(g, ddof=1)) * (len(g) - 1)
+                dof += len(g) - 1
+        return ss / dof if dof else None
 
 
-def session_logs(values: Sequence[float | None]) -> SessionLogs | None:
-    logs = [math.log(v) for v in values if v is not None and v > 0 and math.isfinite(v)]
-    if not logs:
+def session_logs(values: Sequence[float | None], launches: Sequence[int] | None = None) -> SessionLogs | None:
+    """A session's trial values (None or non-positive: left out) with their launch indices."""
+    ids = list(launches) if launches is not None and len(launches) == len(values) else [0] * len(values)
+    kept = [(v, lid) for v, lid in zip(values, ids) if v is not None and v > 0 and not math.isnan(v)]
+    if not kept:
         return None
-    within = float(np.var(logs, ddof=1)) if len(logs) >= 2 else None
-    return SessionLogs(float(np.mean(logs)), len(logs), within)
+    finite = [math.log(v) for v, _ in kept if math.isfinite(v)]
+    censored = sum(1 for v, _ in kept if not math.isfinite(v))
+    if not finite:
+        return SessionLogs(tuple(math.inf for _ in kept), tuple(lid for _, lid in kept), censored)
+    worst = max(finite)
+    logs = tuple(math.log(v) if math.isfinite(v) else worst for v, _ in kept)
+    return SessionLogs(logs, tuple(lid for _, lid in kept), censored)
+
+
+def _shrink(value: float | None, dof: float, prior_var: float, prior_df: float = PRIOR_DF) -> tuple[float, float]:
+    """(ν·v + ν₀·p²) / (ν + ν₀) and its degrees of freedom ν + ν₀ (the prior alone without data)."""
+    if value is None or dof <= 0:
+        return prior_var, float(PRIOR_DF)
+    return (dof * value + prior_df * prior_var) / (dof + prior_df), dof + prior_df
+
+
+@dataclass(frozen=True)
+class Component:
+    """One series' variance at the job and launch levels (module docstring), from the baseline.
+
+    ``launch_ss``/``launch_df``: the within-job sum of squares of launch values and its degrees
+    of freedom; ``job_var``: the variance of the K job means (None with one job) with ``job_df``
+    degrees of freedom (K − 1, or more when pooled with peers); ``launches``: the mean launches
+    per baseline job; the priors are log-variances (module docstring)."""
+
+    sessions: int
+    launches: float
+    launch_ss: float
+    launch_df: int
+    job_var: float | None
+    job_df: float
+    session_prior: float
+    runner_prior: float
+    prior_df: float = PRIOR_DF  # 0 where the estimate was already pooled with peers
+
+    @property
+    def launch_var(self) -> float | None:
+        return max(self.launch_ss / self.launch_df, _FLOOR_VAR) if self.launch_df > 0 else None
+
+    def variance(self, candidate_launches: Sequence[float] = (), *, pooled: tuple[float, float] = (0.0, 0.0)
+                 ) -> tuple[float, float]:
+        """(SE², degrees of freedom) of candidate − baseline means for a candidate with these
+        launch values; ``pooled`` (variance, df), when its df is positive, replaces the launch
+        level's own estimate (the specific parts, pooled with their peers)."""
+        k = max(self.sessions, 1)
+        l_c = max(len(candidate_launches), 1)
+        ss, dof = self.launch_ss, float(self.launch_df)
+        if len(candidate_launches) >= 2 and all(math.isfinite(x) for x in candidate_launches):
+            c = np.asarray(candidate_launches, dtype=float)
+            ss += float(((c - c.mean()) ** 2).sum())
+            dof += len(c) - 1
+        w: float | None
+        if pooled[1] > 0:
+            w, dof = pooled
+        else:
+            w = ss / dof if dof > 0 else None
+        if w is None:
+            total, df = _shrink(self.job_var, self.job_df, self.session_prior, self.prior_df)
+            return max(total, _FLOOR_VAR) * (1.0 + 1.0 / k), df
+        w = max(w, _FLOOR_VAR)
+        rho_hat = max(0.0, self.job_var - w / self.launches) if self.job_var is not None else None
+        rho, rho_df = _shrink(rho_hat, self.job_df, self.runner_prior)
+        a = rho * (1.0 + 1.0 / k)
+        b = w * (1.0 / l_c + 1.0 / (k * self.launches))
+        se2 = a + b
+        df = se2 * se2 / (a * a / rho_df + b * b / dof)
+        return se2, df
+
+    def unit_var(self, pooled: tuple[float, float] = (0.0, 0.0)) -> float:
+        """The variance of one session's value (one launch) around the mean, as fitted."""
+        w = pooled[0] if pooled[1] > 0 else self.launch_var
+        if w is None:
+            return max(_shrink(self.job_var, self.job_df, self.session_prior, self.prior_df)[0], _FLOOR_VAR)
+        rho_hat = max(0.0, self.job_var - w / self.launches) if self.job_var is not None else None
+        return _shrink(rho_hat, self.job_df, self.runner_prior)[0] + w
+
+    @property
+    def measured(self) -> bool:
+        return self.job_var is not None or self.launch_df > 0
+
+
+def _component(series: Sequence[Sequence[float]], session_prior: float, runner_prior: float) -> Component:
+    """Fit a :class:`Component` to one series: per baseline job, its launch values."""
+    jobs = [list(x) for x in series if x]
+    ss = 0.0
+    dof = 0
+    for x in jobs:
+        if len(x) >= 2:
+            a = np.asarray(x, dtype=float)
+            ss += float(((a - a.mean()) ** 2).sum())
+            dof += len(x) - 1
+    means = [float(np.mean(x)) for x in jobs]
+    job_var = float(np.var(means, ddof=1)) if len(means) >= 2 else None
+    launches = float(np.mean([len(x) for x in jobs])) if jobs else 1.0
+    return Component(len(jobs), launches, ss, dof, job_var, max(len(jobs) - 1, 0), session_prior, runner_prior)
 
 
 @dataclass(frozen=True)
 class StatModel:
-    """Variance components of one statistic (log scale) from the baseline's sessions."""
+    """What the baseline's sessions say about one statistic (log scale, oriented)."""
 
     sessions: int
-    mean: float  # mean of the sessions' log values
-    tau_total: float  # sd of a session's log value around the mean (shrunk, floored)
-    tau_specific: float  # sd after removing the session-wide shift (shrunk, floored)
-    within_var: float  # pooled trial variance inside a session
-    mean_trials: float
-    prior: bool  # too few sessions: the conservative prior stands in for the estimates
-
-    def trial_gap(self, candidate_trials: int) -> float:
-        """Extra variance of a candidate mean over fewer trials than the baseline's sessions had."""
-        if candidate_trials < 1:
-            return 0.0
-        return self.within_var * max(0.0, 1.0 / candidate_trials - 1.0 / max(self.mean_trials, 1.0))
+    mean: float  # mean over the baseline jobs of their log values (not oriented)
+    total: Component  # the statistic's deviations
+    specific: Component  # its deviations beyond each launch's common shift
+    within_var: float  # pooled trial variance inside a launch
+    trials_per_launch: float
+    pooled_specific: tuple[float, float] = (0.0, 0.0)  # (variance, df) borrowed from peers
 
     @property
-    def df(self) -> float:
-        return math.inf if self.prior else float(self.sessions - 1 + PRIOR_DF)
+    def prior(self) -> bool:
+        """Nothing measured this statistic's session spread: the stated prior stands in."""
+        return not self.total.measured
+
+    def trial_gap(self, candidate: SessionLogs) -> float:
+        """Extra variance of a candidate whose launches ran fewer trials than the baseline's."""
+        per_launch = candidate.trials_per_launch
+        if per_launch < 1:
+            return 0.0
+        gap = max(0.0, 1.0 / per_launch - 1.0 / max(self.trials_per_launch, 1.0))
+        return self.within_var * gap / max(candidate.n_launches, 1)
+
+    def total_se(self, candidate: SessionLogs) -> tuple[float, float]:
+        """(SE, df) of the candidate's total deviation from the baseline mean."""
+        se2, df = self.total.variance(candidate.launch_means)
+        return math.sqrt(se2 + self.trial_gap(candidate)), df
+
+    def specific_se(self, candidate: SessionLogs, candidate_residuals: Sequence[float] = ()) -> tuple[float, float]:
+        se2, df = self.specific.variance(candidate_residuals, pooled=self.pooled_specific)
+        return math.sqrt(se2 + self.trial_gap(candidate)), df
 
     def to_dict(self) -> dict[str, Any]:
-        return {"sessions": self.sessions, "session_cv": cv_of(self.tau_total),
-                "specific_cv": cv_of(self.tau_specific), "trial_cv": cv_of(math.sqrt(self.within_var)),
+        launch = self.total.launch_var
+        return {"sessions": self.sessions, "session_cv": cv_of(math.sqrt(self.total.unit_var())),
+                "specific_cv": cv_of(math.sqrt(self.specific.unit_var(self.pooled_specific))),
+                "launch_cv": None if launch is None else cv_of(math.sqrt(launch)),
+                "trial_cv": cv_of(math.sqrt(self.within_var)), "launches": self.total.launches,
                 "prior": self.prior}
 
 
 @dataclass
 class SessionModel:
-    """The baseline's two-level model: per-statistic components and the session-wide one."""
+    """The baseline's model: per-statistic components and the session-wide one."""
 
     stats: dict[tuple[str, str], StatModel] = field(default_factory=dict)
-    tau_global: float = math.sqrt(_log_var(PRIOR_SESSION_CV))
+    shift: Component | None = None
     sessions: int = 0
+    signs: dict[tuple[str, str], float] = field(default_factory=dict)
+    prior_session_cv: float = PRIOR_SESSION_CV
 
     @property
     def prior(self) -> bool:
-        return self.sessions < MIN_SESSIONS
+        return self.shift is None or not self.shift.measured
+
+    @property
+    def tau_global(self) -> float:
+        """Log sd of one session's session-wide shift (as fitted; the prior when unmeasured)."""
+        if self.shift is None:
+            return math.sqrt(_log_var(self.prior_session_cv))
+        return math.sqrt(self.shift.unit_var())
 
 
-def estimate(sessions: Sequence[Mapping[tuple[str, str], SessionLogs]], *,
-             prior_cv: float = PRIOR_SESSION_CV) -> SessionModel:
-    """Fit the model to the baseline's sessions (each maps (key, stat) to that session's logs)."""
+def launch_shifts(rows: Mapping[tuple[str, str], Sequence[float]]) -> list[float]:
+    """Per launch, the median over statistics of their oriented deviations (û_{jl})."""
+    n = max((len(v) for v in rows.values()), default=0)
+    out = []
+    for l_idx in range(n):
+        vals = [v[l_idx] for v in rows.values() if l_idx < len(v) and math.isfinite(v[l_idx])]
+        out.append(float(np.median(vals)) if vals else 0.0)
+    return out
+
+
+def estimate(sessions: Sequence[Mapping[tuple[str, str], SessionLogs]], *, prior_cv: float = PRIOR_SESSION_CV,
+             signs: Mapping[tuple[str, str], float] | None = None, runner_cv: float = PRIOR_RUNNER_CV) -> SessionModel:
+    """Fit the model to the baseline's sessions (each maps (key, stat) to that session's logs);
+    ``signs`` orient each statistic (+1: higher is worse; default +1)."""
+    signs = dict(signs or {})
     names = sorted({name for s in sessions for name in s})
-    k = len(sessions)
-    model = SessionModel(sessions=k, tau_global=math.sqrt(_log_var(prior_cv)))
+    prior_var, runner_var, floor_var = _log_var(prior_cv), _log_var(runner_cv), _FLOOR_VAR
+    model = SessionModel(sessions=len(sessions), signs={n: signs.get(n, 1.0) for n in names},
+                         prior_session_cv=prior_cv)
     if not names:
         return model
-    means = {n: float(np.mean([s[n].mean for s in sessions if n in s])) for n in names}
-    dev = [{n: s[n].mean - means[n] for n in s} for s in sessions]
-    shift = [float(np.median(list(d.values()))) if d else 0.0 for d in dev]
-    prior_var = _log_var(prior_cv)
-    floor_var = _log_var(FLOOR_CV)
-    if k >= MIN_SESSIONS:
-        model.tau_global = math.sqrt(max(float(np.var(shift, ddof=1)), floor_var))
-    raw_total: dict[tuple[str, str], float] = {}
-    raw_spec: dict[tuple[str, str], float] = {}
+    usable = [{n: s[n] for n in s if math.isfinite(s[n].mean)} for s in sessions]
+    means = {n: float(np.mean([s[n].mean for s in usable if n in s] or [0.0])) for n in names}
+    # Oriented deviations per job and launch: worse is positive for every statistic.
+    dev = [{n: [model.signs[n] * (x - means[n]) for x in s[n].launch_means] for n in s} for s in usable]
+    shifts = [launch_shifts(d) for d in dev]
+    model.shift = _component([s for s in shifts if s], prior_var, runner_var)
+    raw: dict[tuple[str, str], tuple[list[list[float]], list[list[float]]]] = {}
     for n in names:
-        d = [(row[n], u) for row, u in zip(dev, shift) if n in row]
-        if len(d) >= MIN_SESSIONS:
-            raw_total[n] = float(np.var([x for x, _ in d], ddof=1))
-            raw_spec[n] = float(np.var([x - u for x, u in d], ddof=1))
-    pool_total_all = float(np.median(list(raw_total.values()))) if raw_total else prior_var
-    pool_spec_all = float(np.median(list(raw_spec.values()))) if raw_spec else prior_var
+        tot, spec = [], []
+        for d, u in zip(dev, shifts):
+            if n in d:
+                tot.append(d[n])
+                spec.append([x - u[i] if i < len(u) else x for i, x in enumerate(d[n])])
+        raw[n] = (tot, spec)
+    specific = {n: _component(raw[n][1], prior_var, runner_var) for n in names}
 
-    def pooled(raw: dict[tuple[str, str], float], stat: str, fallback: float) -> float:
-        # Borrow strength from the same statistic of the other tests (a TPOT median is like other
-        # TPOT medians, not like a TTFT p95); from all statistics when it has too few peers.
-        peers = [v for (_, s), v in raw.items() if s == stat]
-        return float(np.median(peers)) if len(peers) >= MIN_SESSIONS else fallback
+    def own_specific(c: Component) -> tuple[float, float] | None:
+        """The specific part's launch-level variance (or job-level without launches), with df."""
+        if c.launch_df > 0:
+            return c.launch_ss / c.launch_df, float(c.launch_df)
+        if c.job_var is not None:
+            return c.job_var, float(c.sessions - 1)
+        return None
+
+    fitted = {n: own_specific(specific[n]) for n in names}
     for n in names:
-        present = [s[n] for s in sessions if n in s]
-        withins = [(p.within_var, p.trials - 1) for p in present if p.within_var is not None]
+        present = [s[n] for s in usable if n in s]
+        withins = [(p.within_var, p.trials - p.n_launches) for p in present if p.within_var is not None]
         dof = sum(w for _, w in withins)
         within = sum(v * w for v, w in withins) / dof if dof else 0.0
-        mean_trials = float(np.mean([p.trials for p in present]))
-        if n in raw_total:
-            nu = len(present) - 1
-            pool_total = pooled(raw_total, n[1], pool_total_all)
-            pool_spec = pooled(raw_spec, n[1], pool_spec_all)
-            total = (nu * raw_total[n] + PRIOR_DF * pool_total) / (nu + PRIOR_DF)
-            spec = (nu * raw_spec[n] + PRIOR_DF * pool_spec) / (nu + PRIOR_DF)
-            prior = False
-        else:
-            total, spec, prior = prior_var, prior_var, True
+        per_launch = float(np.mean([p.trials_per_launch for p in present])) if present else 1.0
+        # Borrow the specific part from the same statistic of the other tests (independent
+        # once the launch's shift is removed), capped so a large suite cannot promise too much.
+        peers = [f for m, f in fitted.items() if m != n and m[1] == n[1] and f is not None]
+        pooled = (0.0, 0.0)
+        own = fitted[n]
+        if own is not None and peers:
+            p_df = min(sum(d for _, d in peers), MAX_POOLED_DF)
+            p_var = sum(v * d for v, d in peers) / sum(d for _, d in peers)
+            var = (own[1] * own[0] + p_df * p_var) / (own[1] + p_df)
+            launches_measured = specific[n].launch_df > 0
+            if launches_measured:
+                pooled = (max(var, floor_var), own[1] + p_df)
+            else:
+                # Without launches the specific part is a job-level variance: pool it as such.
+                specific[n] = dataclasses.replace(specific[n], job_var=max(var, floor_var), job_df=own[1] + p_df,
+                                                  prior_df=0.0)
         model.stats[n] = StatModel(
-            sessions=len(present), mean=means[n], tau_total=math.sqrt(max(total, floor_var)),
-            tau_specific=math.sqrt(max(spec, floor_var)), within_var=within, mean_trials=mean_trials,
-            prior=prior)
+            sessions=len(present), mean=means[n], total=_component(raw[n][0], prior_var, runner_var),
+            specific=specific[n], within_var=within, trials_per_launch=per_launch, pooled_specific=pooled)
     return model
 
 
@@ -208,35 +408,40 @@ def _quantile(p: float, df: float) -> float:
 
 
 def _sf(x: float, df: float) -> float:
+    if math.isnan(x):
+        return math.nan
     return float(sps.norm.sf(x)) if math.isinf(df) else float(sps.t.sf(x, df))
+
+
+def _test(theta: float, se: float, df: float) -> SessionTest:
+    if math.isinf(theta):
+        return SessionTest(theta, se, df, 0.0 if theta > 0 else 1.0)
+    return SessionTest(theta, se, df, _sf(theta / se, df) if se > 0 else float(theta <= 0))
 
 
 def total_test(m: StatModel, candidate: SessionLogs, badness_sign: float) -> SessionTest:
     """The on-the-spot test of one statistic against the baseline's sessions."""
     theta = (candidate.mean - m.mean) * badness_sign
-    var = m.tau_total ** 2 * (1.0 + 1.0 / max(m.sessions, 1)) + m.trial_gap(candidate.trials)
-    se = math.sqrt(var)
-    return SessionTest(theta, se, m.df, _sf(theta / se, m.df) if se > 0 else float(theta <= 0))
+    se, df = m.total_se(candidate)
+    return _test(theta, se, df)
 
 
-def session_tests(model: SessionModel, badness: Mapping[tuple[str, str], float],
-                 trials: Mapping[tuple[str, str], int]) -> tuple[SessionTest, dict[tuple[str, str], SessionTest]]:
+def session_tests(model: SessionModel, candidates: Mapping[tuple[str, str], SessionLogs]
+                  ) -> tuple[SessionTest, dict[tuple[str, str], SessionTest]]:
     """The end-of-session tests: the session-wide shift and each statistic's specific part."""
-    names = [n for n in badness if n in model.stats]
-    if not names:
+    names = [n for n in candidates if n in model.stats and math.isfinite(candidates[n].mean)]
+    if not names or model.shift is None:
         return SessionTest(math.nan, math.nan, math.inf, math.nan), {}
-    shift = float(np.median([badness[n] for n in names]))
-    k = max(model.sessions, 1)
-    df = math.inf if model.prior else float(model.sessions - 1 + PRIOR_DF)
-    se_g = model.tau_global * math.sqrt(1.0 + 1.0 / k)
-    glob = SessionTest(shift, se_g, df, _sf(shift / se_g, df))
+    dev = {n: [model.signs[n] * (x - model.stats[n].mean) for x in candidates[n].launch_means] for n in names}
+    shifts = launch_shifts(dev)
+    shift = float(np.mean(shifts))
+    se2, df = model.shift.variance(shifts)
+    glob = _test(shift, math.sqrt(se2), df)
     specific = {}
     for n in names:
-        m = model.stats[n]
-        var = m.tau_specific ** 2 * (1.0 + 1.0 / k) + m.trial_gap(trials.get(n, 0))
-        se = math.sqrt(var)
-        r = badness[n] - shift
-        specific[n] = SessionTest(r, se, m.df, _sf(r / se, m.df))
+        residuals = [x - shifts[i] if i < len(shifts) else x for i, x in enumerate(dev[n])]
+        se, sdf = model.stats[n].specific_se(candidates[n], residuals)
+        specific[n] = _test(float(np.mean(residuals)), se, sdf)
     return glob, specific
 
 
@@ -248,5 +453,6 @@ def detectable_change(se: float, df: float, *, alpha: float, tolerance: float, p
     return math.expm1(hurdle + _quantile(power, df) * se)
 
 
-__all__ = ["MIN_SESSIONS", "PRIOR_SESSION_CV", "SessionLogs", "SessionModel", "SessionTest",
-           "StatModel", "detectable_change", "estimate", "session_logs", "session_tests", "total_test"]
+__all__ = ["MIN_SESSIONS", "PRIOR_RUNNER_CV", "PRIOR_SESSION_CV", "Component", "SessionLogs", "SessionModel",
+           "SessionTest", "StatModel", "cv_of", "detectable_change", "estimate", "launch_shifts", "session_logs",
+           "session_tests", "total_test"]
