@@ -266,14 +266,21 @@ class GateSession:
         part gone (SE_min) and the estimate moved up by twice the trial noise the remaining
         trials could add, its badness stays below the hurdle max(log(1 + δ), q·SE_min). A
         statistic that cannot be judged yet (NOT_GATED), or an INCONCLUSIVE one outside the
-        session model, never lets the trials stop."""
+        session model, never lets the trials stop; an error rate is settled when its estimate is
+        within its tolerance."""
         if tentative is None:
             return False
         for c in tentative.comparisons:
             if c.verdict in (Verdict.UNCHANGED, Verdict.IMPROVED):
                 continue
+            if c.verdict is not Verdict.INCONCLUSIVE:
+                return False
             reach = self._preview_reach.get(c.name)
-            if c.verdict is Verdict.INCONCLUSIVE and reach is not None and reach < 0:
+            if reach is not None and reach < 0:
+                continue
+            # The error rate's count test: REGRESSED needs the estimate beyond the tolerance, and
+            # more requests only narrow the interval around an estimate that is within it.
+            if c.mode == "counts" and c.change < c.tolerance:
                 continue
             return False
         return True
