@@ -118,7 +118,7 @@ def load_side(spec: str, store: BaselineStore, history: int = 1, *, baseline: bo
     # Store errors (missing name, corrupt newest file, bad name) carry their own clear message.
     newest = store.latest(spec)
     past = load_history(store, spec, limit=history) if baseline else None
-    if past is not None and not past.runs:
+    if past is not None and past.rebased is not None and not past.runs:
         raise CompareError(f"baseline {spec!r}: {past.rebase_note()}: nothing to compare with yet",
                            remedy=f"save a session on the new setup with {{flag}} {spec}", option="save")
     entries = entries_from_document(newest.run, newest.path)
