@@ -6,6 +6,7 @@ import copy
 import gzip
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -226,6 +227,8 @@ def test_nothing_in_common_exits_2(runs, capsys, tmp_path):
     (["--tolerance", "2"], "--tolerance"),
     (["--alpha", "x"], "--alpha"),
     (["--allow-diff", "gpu_name,bogus"], "bogus"),
+    (["--session-cv", "1.5"], "argument --session-cv: invalid value '1.5': must be a fraction between 0 and 1"),
+    (["--session-cv", "0"], "argument --session-cv: invalid value '0'"),
 ])
 def test_bad_options_exit_2(runs, capsys, argv, needle):
     code, _, err = _compare(capsys, "main", "aa", "--store", runs / "store", *argv)
@@ -272,3 +275,43 @@ def test_malformed_entries_exit_2(runs, capsys, tmp_path):
         assert code == 2
         line = _one_line_error(err)
         assert needle in line and "test_chat.py::test_chat#0" in line
+
+
+def _tpot(js) -> dict:
+    return next(v for v in json.loads(js.read_text())["tests"][0]["runs"][0]["verdicts"] if v["name"] == "tpot_p50")
+
+
+def test_session_cv_sets_the_prior_of_a_one_session_history(runs, capsys, tmp_path):
+    """--session-cv is --llmperf-session-cv: with one `main` session the gate's prior spread is
+    what it says, and a tighter prior detects smaller changes."""
+    default, tight = tmp_path / "default.json", tmp_path / "tight.json"
+    code, out, err = _compare(capsys, "main", "aa", "--store", runs / "store", "--json", default)
+    assert code == 0, out + err
+    code, out, err = _compare(capsys, "main", "aa", "--store", runs / "store", "--session-cv", "0.02", "--json", tight)
+    assert code == 0, out + err
+    default_method, tight_method = _tpot(default)["method"], _tpot(tight)["method"]
+    assert "session model: 1 main session(s) (prior); session CV 5.0%, beyond the session-wide shift 5.0%" in default_method
+    assert "session model: 1 main session(s) (prior); session CV 2.0%, beyond the session-wide shift 2.0%" in tight_method
+
+    def detectable(method):
+        return float(re.search(r"smallest detectable change \+?([\d.]+)%", method).group(1))
+
+    assert detectable(tight_method) < detectable(default_method)
+
+
+def test_a_rebased_baseline_counts_only_the_sessions_saved_since(runs, capsys, tmp_path):
+    store = BaselineStore(tmp_path / "store")
+    src = BaselineStore(runs / "store")
+    store.save("main", src.latest("slow").run)  # the old setup: slow
+    store.rebase("main", "new GPU")
+    code, _, err = _compare(capsys, "main", src.latest("aa").path, "--store", store.root)
+    assert code == 2
+    line = _one_line_error(err)
+    assert "history of 'main' rebased on " in line and "new GPU; 0 session(s) since" in line
+    assert "nothing to compare with yet" in line and "--llmperf-save main" in line
+    store.save("main", src.latest("main").run)  # the new setup
+    js = tmp_path / "after.json"
+    code, out, err = _compare(capsys, "main", src.latest("aa").path, "--store", store.root, "--json", js)
+    assert code == 0, out + err  # judged against `main` alone, not the slow session before the rebase
+    assert "new GPU; 1 session(s) since" in out
+    assert _tpot(js)["n_baseline"] == 1

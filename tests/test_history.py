@@ -1,7 +1,9 @@
 """Main's history: session values, change points (ruptures + a permutation test) and
 `llmperf history`."""
 
+import json
 import math
+import re
 import warnings
 
 import numpy as np
@@ -88,3 +90,140 @@ def test_history_of_a_missing_name_says_how_to_create_it(tmp_path, capsys):
     code = cli_main(["history", "nope", "--store", str(tmp_path)])
     assert code == 2
     assert "--llmperf-save nope" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------- llmperf history --noise
+
+
+def test_noise_report_is_the_gates_model_and_suggests_the_median_session_cv(tmp_path, capsys):
+    from statistics import median
+
+    from pytest_llmperf.baseline.gate import GateSession
+    from pytest_llmperf.baseline.sessions import cv_of
+
+    store = _store(tmp_path, [0.007] * 8, seed=3)
+    assert cli_main(["history", "main", "--store", str(store.root), "--noise", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    gate = GateSession.from_sessions([r.run["tests"] for r in load_history(store, "main").runs])
+    assert doc["sessions"] == gate.model.sessions == 8 and doc["rebased"] is None
+    rows = {row["stat"]: row for row in doc["stats"]}
+    assert set(rows) == {"tpot_p50", "goodput"} and all(row["key"] == KEY for row in rows.values())
+    for stat, row in rows.items():
+        fitted = gate.model.stats[(KEY, stat)].to_dict()
+        assert {k: row[k] for k in fitted} == pytest.approx(fitted)
+    assert doc["session_wide_cv"] == pytest.approx(cv_of(gate.model.tau_global))
+    # the store was built with 3% session noise on TPOT and none on goodput
+    assert 0.01 < rows["tpot_p50"]["session_cv"] < 0.06 and rows["goodput"]["session_cv"] < rows["tpot_p50"]["session_cv"]
+    assert doc["suggested_session_cv"] == pytest.approx(median(row["session_cv"] for row in rows.values()))
+
+    assert cli_main(["history", "main", "--store", str(store.root), "--noise"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("main: noise model from 8 session(s)")
+    tpot = next(line for line in out.splitlines() if "tpot_p50" in line)
+    assert f"{rows['tpot_p50']['session_cv']:.1%}" in tpot and f"{rows['tpot_p50']['trial_cv']:.1%}" in tpot
+    assert f"suggested --llmperf-session-cv {doc['suggested_session_cv']:.3f}" in out
+
+
+def test_noise_report_with_too_few_sessions_says_so(tmp_path, capsys):
+    store = _store(tmp_path, [0.007] * 2)
+    assert cli_main(["history", "main", "--store", str(store.root), "--noise"]) == 0
+    out = capsys.readouterr().out
+    assert "too few sessions to suggest --llmperf-session-cv: 2 on the newest setup, 3 needed" in out
+    assert "suggested --llmperf-session-cv" not in out and "prior" in out
+    assert cli_main(["history", "main", "--store", str(store.root), "--noise", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["suggested_session_cv"] is None and all(row["prior"] for row in doc["stats"])
+
+
+def test_history_after_a_rebase_shows_it_and_only_the_sessions_since(tmp_path, capsys):
+    store = _store(tmp_path, [0.007] * 3)
+    assert cli_main(["baselines", "rebase", "main", "--reason", "H200 nodes", "--store", str(store.root)]) == 0
+    capsys.readouterr()
+    store.save("main", {"tests": {KEY: _entry(0.005, np.random.default_rng(9))}})
+    assert cli_main(["history", "main", "--store", str(store.root)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("history of 'main' rebased on ") and lines[0].endswith(": H200 nodes; 1 session(s) since")
+    assert lines[1].startswith("main: 1 sessions")
+    tpot = next(line for line in lines if "tpot_p50" in line)
+    assert len(tpot.split(":", 1)[1].split()) == 2  # one value and its unit
+    assert cli_main(["history", "main", "--store", str(store.root), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["sessions"] == 1 and doc["rebased"]["reason"] == "H200 nodes"
+
+
+def test_session_cv_option_defaults_to_the_gates_prior():
+    from pytest_llmperf.baseline.sessions import PRIOR_SESSION_CV
+    from pytest_llmperf.cli.options import option_spec
+
+    assert option_spec("session-cv").default == PRIOR_SESSION_CV
+
+
+# ---------------------------------------------------------------------- through pytest
+
+SUITE = """
+from pytest_llmperf import Workload, slo
+
+
+@slo(tpot_p50=0.05)
+def test_tiny(llmperf):
+    llmperf.run(Workload(input_tokens=64, output_tokens=16, rate_rps=20, num_requests=30, warmup_requests=3))
+"""
+
+
+def _session(pytester, *args):
+    return pytester.runpytest("-p", "no:cacheprovider", "--llmperf-sim-preset", "tiny", "--llmperf-trials", "2", *args)
+
+
+def _tpot_method(pytester, report_dir) -> str:
+    doc = json.loads((pytester.path / report_dir / "llmperf.json").read_text())
+    [verdict] = [v for v in doc["tests"][0]["runs"][0]["verdicts"] if v["name"] == "tpot_p50"]
+    return verdict["method"]
+
+
+def _detectable(method: str) -> float:
+    return float(re.search(r"smallest detectable change \+?([\d.]+)%", method).group(1))
+
+
+@pytest.mark.integration
+def test_session_cv_sets_the_prior_of_a_short_history(pytester):
+    pytester.makepyfile(test_tiny=SUITE)
+    _session(pytester, "--llmperf-save", "main").assert_outcomes(passed=1)
+    _session(pytester, "--llmperf-baseline", "main", "--llmperf-report-dir", "r-default").assert_outcomes(passed=1)
+    _session(pytester, "--llmperf-baseline", "main", "--llmperf-session-cv", "0.02",
+             "--llmperf-report-dir", "r-2").assert_outcomes(passed=1)
+    default, tight = _tpot_method(pytester, "r-default"), _tpot_method(pytester, "r-2")
+    assert "session model: 1 main session(s) (prior); session CV 5.0%, beyond the session-wide shift 5.0%" in default
+    assert "session model: 1 main session(s) (prior); session CV 2.0%, beyond the session-wide shift 2.0%" in tight
+    assert _detectable(tight) < _detectable(default)
+
+
+@pytest.mark.parametrize("args, ini, needle", [
+    (["--llmperf-session-cv", "1.5"], None, "--llmperf-session-cv: invalid value '1.5': must be a fraction"),
+    (["--llmperf-session-cv", "x"], None, "--llmperf-session-cv: invalid value 'x'"),
+    ([], "0", "ini option llmperf_session_cv: invalid value '0': must be a fraction"),
+])
+def test_a_bad_session_cv_is_a_usage_error_naming_the_option(pytester, args, ini, needle):
+    pytester.makepyfile(test_tiny=SUITE)
+    if ini is not None:
+        pytester.makeini(f"[pytest]\nllmperf_session_cv = {ini}\n")
+    result = pytester.runpytest("-p", "no:cacheprovider", *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert needle in result.stderr.str()
+
+
+@pytest.mark.integration
+def test_the_gate_says_when_mains_history_was_rebased_and_learns_only_from_after(pytester):
+    pytester.makepyfile(test_tiny=SUITE)
+    _session(pytester, "--llmperf-save", "main").assert_outcomes(passed=1)
+    BaselineStore(pytester.path / ".llmperf").rebase("main", "H200 nodes, driver 560")
+    # rebased, nothing saved since: the gate says so and has no baseline yet (not a failure)
+    first = _session(pytester, "--llmperf-baseline", "main", "--llmperf-save", "main")
+    first.assert_outcomes(passed=1)
+    first.stdout.fnmatch_lines(["llmperf: history of 'main' rebased on * UTC: H200 nodes, driver 560; 0 session(s) since"])
+    assert "no baseline" in first.stdout.str()
+    second = _session(pytester, "--llmperf-baseline", "main", "--llmperf-report-dir", "r-after")
+    second.assert_outcomes(passed=1)
+    second.stdout.fnmatch_lines(["llmperf: history of 'main' rebased on * UTC: H200 nodes, driver 560; 1 session(s) since"])
+    # two sessions in the store, one counts
+    assert len(BaselineStore(pytester.path / ".llmperf").runs("main")) == 2
+    assert "session model: 1 main session(s) (prior)" in _tpot_method(pytester, "r-after")

@@ -465,3 +465,147 @@ def test_saved_file_gets_the_umask_permissions_not_mkstemp_0600(tmp_path):
     finally:
         _os.umask(old)
     assert (path.stat().st_mode & 0o777) == 0o644
+
+
+# ---------------------------------------------------------------------- rebase markers
+
+
+def test_rebase_starts_the_history_anew_and_deletes_nothing(tmp_path):
+    from pytest_llmperf.baseline.history import load_history
+
+    store = BaselineStore(tmp_path, keep=None)
+    before = [store.save("main", {"i": i}) for i in range(3)]
+    contents = [p.read_bytes() for p in before]
+    mark = store.rebase("main", "new GPU:\n  H100 -> H200")
+    after = store.save("main", {"i": 3})
+
+    history = load_history(store, "main")
+    assert [r.run["i"] for r in history.runs] == [3]
+    assert history.rebased == mark and history.since_rebase == 1
+    assert mark.reason == "new GPU: H100 -> H200"  # one line: it is printed in one terminal line
+    assert history.rebase_note() == (f"history of 'main' rebased on {mark.created_at:%Y-%m-%d %H:%M} UTC: "
+                                     "new GPU: H100 -> H200; 1 session(s) since")
+    # Nothing existing was deleted or rewritten; the marker is no run, and the newest run is still newest.
+    assert [p.read_bytes() for p in before] == contents
+    assert [e.path for e in store.runs("main")] == [after, *reversed(before)]
+    assert store.latest("main").run == {"i": 3} and store.names() == ["main"]
+    doc = json.loads(mark.path.read_text())
+    assert doc["kind"] == "pytest-llmperf.rebase" and doc["reason"] == mark.reason
+    assert [m.mark_id for m in store.rebases("main")] == [mark.mark_id]
+    # limit counts sessions after the marker only
+    store.save("main", {"i": 4})
+    assert [r.run["i"] for r in load_history(store, "main", limit=5).runs] == [4, 3]
+
+
+def test_the_newest_of_two_rebases_wins(tmp_path):
+    from pytest_llmperf.baseline.history import load_history
+
+    store = BaselineStore(tmp_path)
+    store.save("main", {"i": 0})
+    store.rebase("main", "driver 550")
+    store.save("main", {"i": 1})
+    second = store.rebase("main", "engine 0.7")
+    store.save("main", {"i": 2})
+    history = load_history(store, "main")
+    assert [r.run["i"] for r in history.runs] == [2] and history.rebased.reason == "engine 0.7"
+    assert [m.reason for m in store.rebases("main")] == ["engine 0.7", "driver 550"]
+    assert store.latest_rebase("main") == second
+
+
+def test_rebase_with_no_session_saved_yet(tmp_path, capsys):
+    from pytest_llmperf.baseline.history import load_history
+
+    store = BaselineStore(tmp_path)
+    store.rebase("fresh", "first H200 runs")  # a name nothing was ever saved under
+    history = load_history(store, "fresh")
+    assert history.runs == [] and history.rebased.reason == "first H200 runs" and history.since_rebase == 0
+    assert store.names() == []  # a marker alone is not a baseline
+    with pytest.raises(BaselineMissing):
+        store.latest("fresh")
+    # and one rebased after its sessions, none saved since: empty, said plainly, not an error
+    store.save("main", {"i": 0})
+    store.rebase("main", "new GPU")
+    history = load_history(store, "main")
+    assert history.runs == [] and history.rebase_note().endswith("new GPU; 0 session(s) since")
+    assert baselines_main(["list", "--store", str(tmp_path)]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("main "))
+    assert "1 (0 since rebase " in row
+
+
+def test_pruning_never_deletes_a_rebase_marker(tmp_path):
+    from pytest_llmperf.baseline.history import load_history
+
+    store = BaselineStore(tmp_path, keep=2)
+    for i in range(3):
+        store.save("main", {"i": i})
+    mark = store.rebase("main", "new GPU")
+    for i in range(3, 6):
+        store.save("main", {"i": i})
+    assert len(store.runs("main")) == 2
+    assert mark.path.exists()
+    history = load_history(store, "main")
+    assert [r.run["i"] for r in history.runs] == [5, 4] and history.rebased == mark
+
+
+def test_delete_keeps_the_marker_until_the_whole_name_goes(tmp_path):
+    store = BaselineStore(tmp_path)
+    run = store.save("main", {"i": 0})
+    mark = store.rebase("main", "new GPU")
+    assert store.delete("main", run.name[: -len(".json.gz")]) == 1
+    assert mark.path.exists() and store.latest_rebase("main") == mark  # the last run went, the marker stays
+    store.save("main", {"i": 1})
+    assert store.delete("main") == 1
+    assert not mark.path.exists() and store.latest_rebase("main") is None
+
+
+def test_rebase_needs_a_reason_and_a_valid_name(tmp_path):
+    store = BaselineStore(tmp_path)
+    for reason in ("", "   ", None):
+        with pytest.raises(StoreError, match="give the reason"):
+            store.rebase("main", reason)
+    with pytest.raises(StoreError, match="must not be an absolute path"):
+        store.rebase("/etc", "x")
+    assert _files(tmp_path / "baselines" / "main") == []
+
+
+def test_interrupted_rebase_leaves_no_marker_and_no_temporary_file(tmp_path, monkeypatch):
+    store = BaselineStore(tmp_path)
+    run = store.save("main", {"v": 1})
+
+    def boom(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(StoreError, match="cannot write rebase marker .*No space left"):
+        store.rebase("main", "new GPU")
+    monkeypatch.undo()
+    assert _files(run.parent) == [run.name] and store.latest_rebase("main") is None
+
+
+def test_unreadable_marker_still_cuts_the_history_with_a_warning(tmp_path):
+    from pytest_llmperf.baseline.history import load_history
+
+    store = BaselineStore(tmp_path)
+    store.save("main", {"i": 0})
+    mark = store.rebase("main", "new GPU")
+    store.save("main", {"i": 1})
+    mark.path.write_text("{not json")
+    with pytest.warns(StoreWarning, match="unreadable rebase marker"):
+        history = load_history(store, "main")
+    assert [r.run["i"] for r in history.runs] == [1] and history.rebased.reason == "(reason unreadable)"
+
+
+def test_cli_rebase(tmp_path, capsys):
+    store = _seed_store(tmp_path)
+    assert baselines_main(["rebase", "main", "--store", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "--reason" in err and "Traceback" not in err and store.latest_rebase("main") is None
+    assert baselines_main(["rebase", "main", "--reason", " ", "--store", str(tmp_path)]) == 2
+    assert "give the reason" in capsys.readouterr().err
+    assert baselines_main(["rebase", "main", "--reason", "H200 nodes", "--store", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "'main' rebased on " in out and "H200 nodes" in out and "the 2 session(s) saved before it" in out
+    assert store.latest_rebase("main").reason == "H200 nodes" and len(store.runs("main")) == 2
+    assert baselines_main(["list", "--store", str(tmp_path)]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("main "))
+    assert "2 (0 since rebase " in row

@@ -93,6 +93,26 @@ def test_save_list_prune_load_delete_on_s3(bucket):
         store.latest("feature/x")
 
 
+def test_rebase_on_s3_cuts_the_history_and_survives_pruning(bucket, capsys):
+    store = BaselineStore(f"s3://{bucket}/team/perf", keep=2)
+    for i in range(3):
+        store.save("main", _doc(i))
+    mark = store.rebase("main", "H200 nodes")
+    assert str(mark.path).startswith(f"s3://{bucket}/team/perf/baselines/main/") and str(mark.path).endswith(".rebase.json")
+    assert len(store.runs("main")) == 2  # the marker is no run, and deleted nothing
+    for i in range(3, 6):
+        store.save("main", _doc(i))  # pruning to keep=2 leaves the marker alone
+    history = load_history(store, "main")
+    assert [r.run["i"] for r in history.runs] == [5, 4]
+    assert history.rebased == mark and history.since_rebase == 2
+    assert BaselineStore(f"s3://{bucket}/team/perf").latest_rebase("main").reason == "H200 nodes"
+    assert cli_main(["baselines", "rebase", "main", "--reason", "driver 560", "--store", f"s3://{bucket}/team/perf"]) == 0
+    assert load_history(store, "main").runs == [] and [m.reason for m in store.rebases("main")] == ["driver 560", "H200 nodes"]
+    assert cli_main(["baselines", "list", "--store", f"s3://{bucket}/team/perf"]) == 0
+    assert "2 (0 since rebase" in capsys.readouterr().out
+    assert store.delete("main") == 2 and store.rebases("main") == []  # the whole name goes, markers too
+
+
 def test_two_concurrent_saves_under_one_name_keep_both_runs(bucket):
     barrier = threading.Barrier(2)
     errors: list[BaseException] = []

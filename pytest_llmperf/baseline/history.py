@@ -34,6 +34,14 @@ two-sided, Bonferroni over the r tried and the series the caller tests together;
 the smallest p-value is where history is cut. ``alpha`` defaults to 0.01 per test: a false change
 point only shortens the pooled history, a missed one blurs it, and both are mild; a false alarm of
 the gate itself is the costly error.
+
+**Rebases.** Change points find steps nobody announced; a step made on purpose (a new GPU, driver
+or engine major version) is announced instead, with ``llmperf baselines rebase NAME --reason
+TEXT``, which writes a rebase marker into the store (see :mod:`pytest_llmperf.baseline.store`).
+History is then read only from the sessions saved after the newest marker: ``History.rebased``
+holds its reason and time, and ``History.since_rebase`` counts the sessions since, so the gate
+can say plainly that it starts again from a short history (its prior session spread,
+``--llmperf-session-cv``, standing in until three sessions are saved).
 """
 
 from __future__ import annotations
@@ -50,7 +58,7 @@ from pytest_llmperf.baseline.store import BaselineCorrupt, BaselineTooNew, Store
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
-    from pytest_llmperf.baseline.store import BaselineStore, SavedRun
+    from pytest_llmperf.baseline.store import BaselineStore, RebaseMark, SavedRun
 
 DEFAULT_HISTORY = 10
 MIN_SEGMENT = 2
@@ -159,6 +167,14 @@ class History:
     name: str
     runs: list[SavedRun]
     skipped: list[str] = field(default_factory=list)  # corrupt or unreadable files, named
+    rebased: RebaseMark | None = None  # the newest rebase marker: only sessions after it are read
+    since_rebase: int = 0  # sessions saved after that marker (``runs`` holds at most ``limit`` of them)
+
+    def rebase_note(self) -> str | None:
+        """``history of 'main' rebased on 2026-12-01 09:30 UTC: H200 nodes; 1 session(s) since``."""
+        if self.rebased is None:
+            return None
+        return f"history of {self.name!r} {self.rebased.describe()}; {self.since_rebase} session(s) since"
 
     def series(self, *, alpha: float = 0.01) -> list[StatSeries]:
         """Every (test run, gated statistic) with at least one session value, oldest first, with
@@ -190,23 +206,30 @@ class History:
 
 
 def load_history(store: BaselineStore, name: str, limit: int | None = None) -> History:
-    """The last ``limit`` readable sessions of ``name``, newest first. A corrupt, truncated or
-    newer-schema file is skipped with a :class:`StoreWarning` naming it (never deleted)."""
+    """The last ``limit`` readable sessions of ``name`` saved after its newest rebase marker (all
+    of them when it has none), newest first. A corrupt, truncated or newer-schema file is skipped
+    with a :class:`StoreWarning` naming it (never deleted). A name with no session raises
+    :class:`~pytest_llmperf.baseline.store.BaselineMissing`, unless it was rebased: then the
+    history is empty and says since when."""
+    mark = store.latest_rebase(name)
+    listed = store.runs(name)
+    if mark is not None:
+        listed = [entry for entry in listed if mark.keeps(entry.run_id)]
     runs: list[SavedRun] = []
     skipped: list[str] = []
-    for listed in store.runs(name):
+    for entry in listed:
         if limit is not None and len(runs) >= limit:
             break
         try:
-            runs.append(store.load(listed.path))
+            runs.append(store.load(entry.path))
         except FileNotFoundError:
             continue  # pruned by a concurrent save between listing and reading
         except (BaselineCorrupt, BaselineTooNew) as exc:
             skipped.append(str(exc))
             warnings.warn(f"skipping a history file: {exc}", StoreWarning, stacklevel=2)
-    if not runs and not skipped:
+    if not runs and not skipped and mark is None:
         store.latest(name)  # raises BaselineMissing with its advice
-    return History(name, runs, skipped)
+    return History(name, runs, skipped, rebased=mark, since_rebase=len(listed) if mark is not None else 0)
 
 
 __all__ = ["DEFAULT_HISTORY", "History", "StatSeries", "change_points", "load_history", "recent_shift", "session_value"]

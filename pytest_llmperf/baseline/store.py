@@ -12,6 +12,16 @@ Each file is ``{"schema_version", "kind", "name", "saved_at", "run"}``. A save w
 named hidden temporary file in the same directory, fsyncs it and ``os.replace``\\ s it into place,
 so readers never see half a file and concurrent savers never share a temporary name.
 
+**Rebase markers.** ``llmperf baselines rebase NAME --reason TEXT`` starts a name's history anew
+on purpose (a new GPU, driver or engine major version): it writes
+``<root>/baselines/<name>/<YYYYmmddTHHMMSSffffffZ>-<8 hex>.rebase.json``, a plain JSON document
+``{"schema_version", "kind", "name", "created_at", "reason"}``, the way a save writes a run (a
+unique name, atomically). Nothing existing is deleted or rewritten: history reading
+(:func:`pytest_llmperf.baseline.history.load_history`) counts only the sessions whose id (its UTC
+timestamp) is newer than the newest marker's. A marker is not a run (its suffix is not
+``.json.gz``, so listings, ``latest`` and older plugin versions never see it), pruning never
+removes one, and only deleting every run of the name does.
+
 Corrupt files are the user's data and are never deleted or overwritten by a session: reading
 one raises :class:`BaselineCorrupt` naming the file, pruning leaves it in place (and does not
 count it among the ``keep`` runs) with a warning, and only an explicit ``delete`` removes it.
@@ -26,6 +36,7 @@ one name at once both keep their run, and listing and pruning go by key.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gzip
 import json
 import os
@@ -50,6 +61,8 @@ SCHEMA_VERSION = 1
 DOC_KIND = "pytest-llmperf.baseline"
 DEFAULT_ROOT = Path(".llmperf")
 SUFFIX = ".json.gz"
+REBASE_SUFFIX = ".rebase.json"
+REBASE_KIND = "pytest-llmperf.rebase"
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9._/-]+$")
 _RUN_ID_RE = re.compile(r"^\d{8}T\d{12}Z-[0-9a-f]{8}$")
@@ -123,6 +136,32 @@ class SavedRun:
         return value if isinstance(value, dict) else None
 
 
+@dataclass(frozen=True)
+class RebaseMark:
+    """A marker that starts a baseline's history anew: only sessions saved after it count.
+
+    ``created_at`` comes from the marker's id (as a run's ``saved_at`` in listings does), so the
+    cut is made on the same clock, and in the same order, as the runs are listed."""
+
+    name: str
+    mark_id: str
+    created_at: datetime
+    reason: str
+    path: StorePath
+
+    def keeps(self, run_id: str) -> bool:
+        """Whether the session with this run id was saved after the marker (ids start with their
+        fixed-width UTC timestamp, so string order is time order)."""
+        return run_id > self.mark_id
+
+    def describe(self) -> str:
+        return f"rebased on {self.created_at:%Y-%m-%d %H:%M} UTC: {self.reason}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.mark_id, "created_at": self.created_at.isoformat(), "reason": self.reason,
+                "path": str(self.path)}
+
+
 def validate_name(name: Any) -> str:
     """Return ``name`` if it is a valid baseline name, else raise :class:`StoreError` saying why."""
     if not isinstance(name, str) or not name:
@@ -179,6 +218,37 @@ def _check_keep(keep: Any) -> None:
 
 def _new_run_id(now: datetime) -> str:
     return f"{now.strftime(_STAMP_FORMAT)}-{secrets.token_hex(4)}"
+
+
+def _check_reason(name: str, reason: Any) -> str:
+    if not isinstance(reason, str) or not reason.strip():
+        raise StoreError(f"cannot rebase baseline {name!r}: give the reason (a new GPU, driver, engine version...)")
+    return " ".join(reason.split())  # one line: it is shown in one terminal line
+
+
+def _rebase_document(name: str, reason: str, now: datetime) -> bytes:
+    doc = {"schema_version": SCHEMA_VERSION, "kind": REBASE_KIND, "name": name, "created_at": now.isoformat(),
+           "reason": reason}
+    return (json.dumps(doc, indent=2) + "\n").encode()
+
+
+def _parse_mark(name: str, mark_id: str, path: StorePath, read: Callable[[], bytes]) -> RebaseMark | None:
+    """The marker at ``path`` (None when it is gone). An unreadable one still cuts the history
+    (its id says when), with a warning and a reason that says so."""
+    created = _parse_run_id(mark_id)
+    assert created is not None  # listed only when the id parses
+    try:
+        doc = json.loads(read())
+        reason = doc["reason"]
+        if not isinstance(reason, str):
+            raise TypeError(f"'reason' must be a string, got {type(reason).__name__}")
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        warnings.warn(f"{path}: unreadable rebase marker ({type(exc).__name__}: {exc}); the history still "
+                      "starts after it", StoreWarning, stacklevel=3)
+        reason = "(reason unreadable)"
+    return RebaseMark(name, mark_id, created, reason, path)
 
 
 def _document(name: str, run: Mapping[str, Any], now: datetime) -> bytes:
@@ -251,21 +321,28 @@ class BaselineStore:
         now = datetime.now(timezone.utc)
         run_id = _new_run_id(now)
         final = directory / f"{run_id}{SUFFIX}"
-        payload = _document(name, run, now)
+        payload = gzip.compress(_document(name, run, now), compresslevel=6, mtime=0)
+        self._write_atomic(directory, final, payload, "baseline")
+        self._prune(name, protect=final)
+        return final
+
+    @staticmethod
+    def _write_atomic(directory: Path, final: Path, payload: bytes, what: str) -> None:
+        """Write ``payload`` as ``final``: a uniquely named hidden temporary file in the same
+        directory, fsynced, then renamed into place (readers never see half a file)."""
         # mkstemp gives a name no other process can get, opened exclusively; the leading dot
         # hides it from listings until the rename.
         try:
-            fd, tmp_name = tempfile.mkstemp(prefix=f".{run_id}.", suffix=".tmp", dir=directory)
+            fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=directory)
         except OSError as exc:  # e.g. the directory turned read-only since check_writable()
             raise StoreError(
-                f"cannot write baseline in {directory}: {exc.strerror or exc}",
+                f"cannot write {what} in {directory}: {exc.strerror or exc}",
                 remedy="choose a writable directory with {flag} DIR", option="store",
             ) from None
         tmp = Path(tmp_name)
         try:
             with os.fdopen(fd, "wb") as raw:
-                with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6, mtime=0) as gz:
-                    gz.write(payload)
+                raw.write(payload)
                 raw.flush()
                 # mkstemp creates 0600; a baseline is an ordinary file others (CI artifacts,
                 # teammates) read, so give it what the umask gives any new file.
@@ -278,11 +355,58 @@ class BaselineStore:
             except OSError:
                 pass
             if isinstance(exc, OSError):
-                raise StoreError(f"cannot write baseline {final}: {exc.strerror or exc}") from exc
+                raise StoreError(f"cannot write {what} {final}: {exc.strerror or exc}") from exc
             raise
         _fsync_dir(directory)
-        self._prune(name, protect=final)
-        return final
+
+    def rebase(self, name: str, reason: str) -> RebaseMark:
+        """Start ``name``'s history anew: write a rebase marker (see the module docstring); the
+        sessions saved before it stay in the store but no longer count as history. ``name``
+        need not have any session yet."""
+        validate_name(name)
+        reason = _check_reason(name, reason)
+        directory = self._name_dir(name)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(
+                f"cannot create baseline directory {directory}: {exc.strerror or exc}",
+                remedy="choose a writable directory with {flag} DIR", option="store",
+            ) from None
+        now = datetime.now(timezone.utc)
+        mark_id = _new_run_id(now)
+        final = directory / f"{mark_id}{REBASE_SUFFIX}"
+        self._write_atomic(directory, final, _rebase_document(name, reason, now), "rebase marker")
+        return RebaseMark(name, mark_id, _parse_run_id(mark_id) or now, reason, final)
+
+    def _mark_paths(self, name: str) -> list[tuple[str, StorePath]]:
+        """(marker id, path) of ``name``'s rebase markers, newest first, without reading them."""
+        directory = self._name_dir(name)
+        if not directory.is_dir():
+            return []
+        found: list[tuple[str, StorePath]] = []
+        for path in directory.glob(f"*{REBASE_SUFFIX}"):
+            mark_id = path.name[: -len(REBASE_SUFFIX)]
+            if _parse_run_id(mark_id) is not None:
+                found.append((mark_id, path))
+        return sorted(found, key=lambda item: item[0], reverse=True)
+
+    def _read_bytes(self, path: StorePath) -> bytes:
+        return Path(str(path)).read_bytes()
+
+    def rebases(self, name: str) -> list[RebaseMark]:
+        """``name``'s rebase markers, newest first."""
+        marks = (_parse_mark(name, mark_id, path, functools.partial(self._read_bytes, path))
+                 for mark_id, path in self._mark_paths(name))
+        return [m for m in marks if m is not None]
+
+    def latest_rebase(self, name: str) -> RebaseMark | None:
+        """The newest rebase marker of ``name`` (None when its history was never rebased)."""
+        for mark_id, path in self._mark_paths(name):
+            mark = _parse_mark(name, mark_id, path, functools.partial(self._read_bytes, path))
+            if mark is not None:
+                return mark
+        return None
 
     def _prune(self, name: str, protect: StorePath) -> None:
         if self.keep is None:
@@ -340,7 +464,7 @@ class BaselineStore:
             known = ", ".join(e.run_id for e in self.runs(name)[:5]) or "none"
             raise BaselineMissing(f"baseline {name!r} has no run {run_id!r} in {directory} (newest: {known})")
         path.unlink()
-        if not self.runs(name):
+        if not self.runs(name) and not self._mark_paths(name):
             shutil.rmtree(directory, ignore_errors=True)
         return 1
 
@@ -571,6 +695,37 @@ class ObjectBaselineStore(BaselineStore):
         self._prune(name, protect=final)
         return final
 
+    def rebase(self, name: str, reason: str) -> RebaseMark:
+        validate_name(name)
+        reason = _check_reason(name, reason)
+        now = datetime.now(timezone.utc)
+        mark_id = _new_run_id(now)
+        key = self._key(_dirname(name), f"{mark_id}{REBASE_SUFFIX}")
+        try:
+            self.fs.pipe_file(key, _rebase_document(name, reason, now))  # one PUT of a new key
+        except Exception as exc:  # noqa: BLE001
+            raise self._failed(f"write rebase marker {self._url(key)}", exc) from None
+        return RebaseMark(name, mark_id, _parse_run_id(mark_id) or now, reason, self._url(key))
+
+    def _mark_paths(self, name: str) -> list[tuple[str, StorePath]]:
+        found: list[tuple[str, StorePath]] = []
+        for item in self._ls(self._key(_dirname(validate_name(name)))):
+            base = str(item["name"]).rsplit("/", 1)[-1]
+            if item.get("type") == "directory" or not base.endswith(REBASE_SUFFIX):
+                continue
+            mark_id = base[: -len(REBASE_SUFFIX)]
+            if _parse_run_id(mark_id) is not None:
+                found.append((mark_id, self._url(str(item["name"]))))
+        return sorted(found, key=lambda item: item[0], reverse=True)
+
+    def _read_bytes(self, path: StorePath) -> bytes:
+        try:
+            return bytes(self.fs.cat_file(str(path).split("://", 1)[-1]))
+        except FileNotFoundError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise self._failed(f"read {path}", exc) from None
+
     def _remove(self, path: StorePath) -> None:
         key = str(path).split("://", 1)[-1]
         try:
@@ -591,6 +746,8 @@ class ObjectBaselineStore(BaselineStore):
                 raise self._missing(name)
             for entry in entries:
                 self._remove(entry.path)
+            for _, mark in self._mark_paths(name):  # the name is gone, as a local rmtree does
+                self._remove(mark)
             return len(entries)
         match = [e for e in entries if e.run_id == run_id]
         if not match:

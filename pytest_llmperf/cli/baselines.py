@@ -1,4 +1,9 @@
-"""``llmperf baselines list|show|delete``: manage the baseline store from the command line."""
+"""``llmperf baselines list|show|delete|rebase``: manage the baseline store from the command line.
+
+``rebase NAME --reason TEXT`` starts a name's history anew on purpose (a new GPU, driver or engine
+major version): it writes a rebase marker (see :mod:`pytest_llmperf.baseline.store`) and deletes
+nothing; the gate then learns only from the sessions saved after it, and says so.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from pytest_llmperf.baseline.samples import is_packed, unpack_samples
+from pytest_llmperf.baseline.sessions import MIN_SESSIONS
 from pytest_llmperf.baseline.store import DEFAULT_ROOT, BaselineStore, SavedRun, StoreError
 from pytest_llmperf.errors import pytest_flag
 
@@ -29,7 +35,7 @@ def baselines_main(argv: list[str]) -> int:
     # Accepted before the subcommand too; a separate dest because a subparser's default would
     # otherwise overwrite the value given there.
     parser.add_argument("--store", dest="store_before", default=None, metavar="DIR", help=argparse.SUPPRESS)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{list,show,delete}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{list,show,delete,rebase}")
     sub.add_parser("list", parents=[common], help="names with run counts, latest time and fingerprint")
     show = sub.add_parser("show", parents=[common], help="summary of a saved run (newest by default)")
     show.add_argument("name")
@@ -39,6 +45,11 @@ def baselines_main(argv: list[str]) -> int:
     delete.add_argument("name")
     delete.add_argument("--run", metavar="ID", help="delete only this run")
     delete.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    rebase = sub.add_parser("rebase", parents=[common],
+                            help="start a name's history anew (new GPU, driver, engine version); deletes nothing")
+    rebase.add_argument("name")
+    rebase.add_argument("--reason", required=True, metavar="TEXT",
+                        help="why main's performance changed on purpose; shown whenever the gate reads this history")
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse already printed the usage message
@@ -57,6 +68,13 @@ def baselines_main(argv: list[str]) -> int:
                 print(json.dumps(doc, indent=2, default=str))
             else:
                 print(_format_show(saved))
+        elif args.command == "rebase":
+            before = len(store.runs(args.name))
+            mark = store.rebase(args.name, args.reason)
+            print(f"{args.name!r} {mark.describe()}")
+            print(f"marker {mark.path}; the {before} session(s) saved before it stay in the store but no longer "
+                  f"count as history; the gate uses its prior session spread (--llmperf-session-cv) until "
+                  f"{MIN_SESSIONS} sessions are saved after it")
         else:
             count = len(store.runs(args.name)) if args.run is None else 1
             if args.run is None and count == 0:
@@ -92,7 +110,11 @@ def _format_list(store: BaselineStore) -> str:
             summary = "(deleted while listing)"
         except StoreError:
             summary = f"(unreadable: {entries[0].path.name})"
-        rows.append((name, str(len(entries)), entries[0].saved_at.strftime("%Y-%m-%d %H:%M:%S"), summary))
+        runs = str(len(entries))
+        mark = store.latest_rebase(name)
+        if mark is not None:
+            runs += f" ({sum(mark.keeps(e.run_id) for e in entries)} since rebase {mark.created_at:%Y-%m-%d})"
+        rows.append((name, runs, entries[0].saved_at.strftime("%Y-%m-%d %H:%M:%S"), summary))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     return "\n".join(
         "  ".join(cell.ljust(widths[i]) if i < 3 else cell for i, cell in enumerate(row)).rstrip() for row in rows

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,7 +24,9 @@ from typing import TYPE_CHECKING, Any
 from pytest_llmperf.baseline.compare import RunComparison, headline
 from pytest_llmperf.baseline.gate import BISECT_ABORT, GateSession, GateSettings, bisect_status, node_of
 from pytest_llmperf.baseline.history import load_history
+from pytest_llmperf.baseline.sessions import PRIOR_SESSION_CV
 from pytest_llmperf.baseline.store import DEFAULT_ROOT, BaselineStore, StoreError, StorePath, load_run
+from pytest_llmperf.cli.options import option_spec
 from pytest_llmperf.errors import InputError, cli_flag, pytest_flag
 from pytest_llmperf.fingerprint import FingerprintError, FingerprintMismatch, valid_fields
 from pytest_llmperf.formatting import fmt_s, table
@@ -55,6 +57,7 @@ class RunSource:
     # which the gate learns session noise, as the plugin's --llmperf-history does.
     sessions: list[dict[str, SavedEntry]] = field(default_factory=list)
     session_ids: list[str] = field(default_factory=list)
+    rebase_note: str | None = None  # the baseline name's history was started anew (History.rebase_note)
 
     def history(self) -> tuple[list[dict[str, SavedEntry]], list[str]]:
         if self.sessions:
@@ -95,10 +98,12 @@ class CompareResult:
 # ---------------------------------------------------------------------- loading
 
 
-def load_side(spec: str, store: BaselineStore, history: int = 1) -> RunSource:
+def load_side(spec: str, store: BaselineStore, history: int = 1, *, baseline: bool = False) -> RunSource:
     """Read a side given as a file path or as a baseline name (its newest saved run, plus up to
     ``history - 1`` older ones as the sessions the gate learns session noise from; corrupt older
-    files are skipped with a warning naming them)."""
+    files are skipped with a warning naming them). As the ``baseline`` side, a name's history
+    starts after its newest rebase marker, as the plugin's does: a name rebased with no session
+    saved since has nothing to compare with."""
     path = Path(spec)
     if path.is_file() or spec.endswith(_FILE_SUFFIXES):
         if not path.is_file():
@@ -112,14 +117,18 @@ def load_side(spec: str, store: BaselineStore, history: int = 1) -> RunSource:
         raise CompareError(f"{spec}: is a directory; give a baseline name or a saved run file (.json.gz or .json)")
     # Store errors (missing name, corrupt newest file, bad name) carry their own clear message.
     newest = store.latest(spec)
+    past = load_history(store, spec, limit=history) if baseline else None
+    if past is not None and past.rebased is not None and not past.runs:
+        raise CompareError(f"baseline {spec!r}: {past.rebase_note()}: nothing to compare with yet",
+                           remedy=f"save a session on the new setup with {{flag}} {spec}", option="save")
     entries = entries_from_document(newest.run, newest.path)
     sessions, ids = [entries], [newest.run_id]
-    if history > 1:
-        for older in load_history(store, spec, limit=history).runs:
-            if older.run_id != newest.run_id:
-                sessions.append(entries_from_document(older.run, older.path))
-                ids.append(older.run_id)
-    return RunSource(spec, newest.path, entries, name=spec, sessions=sessions, session_ids=ids)
+    for older in past.runs if past is not None and history > 1 else ():
+        if older.run_id != newest.run_id:
+            sessions.append(entries_from_document(older.run, older.path))
+            ids.append(older.run_id)
+    return RunSource(spec, newest.path, entries, name=spec, sessions=sessions, session_ids=ids,
+                     rebase_note=past.rebase_note() if past is not None else None)
 
 
 def entries_from_document(doc: Any, path: StorePath) -> dict[str, SavedEntry]:
@@ -168,8 +177,11 @@ def compare_runs(
     alpha: float = DEFAULT_ALPHA,
     allow: Sequence[str] = (),
     strict: bool = False,
+    prior_session_cv: float = PRIOR_SESSION_CV,
 ) -> CompareResult:
-    """Judge every candidate run against the baseline with the plugin's gate session.
+    """Judge every candidate run against the baseline with the plugin's gate session
+    (``prior_session_cv``: the session spread assumed while the history is too short, as the
+    plugin's ``--llmperf-session-cv``).
 
     Raises :class:`CompareError` on a fingerprint mismatch not covered by ``allow``, on
     malformed entries, or when the two sides share no key.
@@ -184,7 +196,8 @@ def compare_runs(
         )
     sessions, ids = baseline.history()
     gate = GateSession.from_sessions(sessions, GateSettings(tolerance=tolerance, alpha=alpha, allow=tuple(allow),
-                                                            strict=strict), session_ids=ids)
+                                                            strict=strict), session_ids=ids,
+                                     prior_session_cv=prior_session_cv)
     tests = {node_of(k) for k in candidate.entries}
     try:
         gate.plan(lambda nodeid: nodeid in tests)
@@ -240,7 +253,10 @@ def _pct(x: float) -> str:
 def format_result(result: CompareResult, baseline: RunSource, candidate: RunSource) -> str:
     """The verdict table, the details behind every verdict that is not UNCHANGED, the headline
     and the keys only one side has."""
-    lines = [f"baseline:  {baseline.title}", f"candidate: {candidate.title}", ""]
+    lines = [f"baseline:  {baseline.title}", f"candidate: {candidate.title}"]
+    if baseline.rebase_note is not None:
+        lines.append(f"           {baseline.rebase_note}")
+    lines.append("")
     labels = _labels([r.key for r in result.runs])
     rows = []
     for run in result.runs:
@@ -363,6 +379,21 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _from_option_table(name: str) -> Callable[[str], Any]:
+    """An argparse type for a setting the plugin shares (``--session-cv`` is
+    ``--llmperf-session-cv``): the option table's own validator, its message kept."""
+    check = option_spec(name).type
+
+    def parse(text: str) -> Any:
+        try:
+            return check(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"invalid value {text!r}: {exc}") from None
+
+    parse.__name__ = name
+    return parse
+
+
 def _allow_list(text: str) -> list[str]:
     names = [p.strip() for p in text.split(",") if p.strip()]
     valid = set(valid_fields())
@@ -393,6 +424,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--history", type=_positive_int, default=10, metavar="N",
                    help="learn session noise from the last N saved runs of a BASELINE name measured on the "
                         "same setup, since the last change point, as --llmperf-history does (default 10)")
+    session_cv = option_spec("session-cv")
+    p.add_argument("--session-cv", type=_from_option_table("session-cv"), default=session_cv.default, metavar="F",
+                   help=session_cv.help.replace("`llmperf history NAME --noise`", "'llmperf history NAME --noise'")
+                   .replace("%", "%%") + "; as --llmperf-session-cv")
     p.add_argument(ALLOW_FLAG, dest="allow", type=_allow_list, default=[], metavar="A,B",
                    help="fingerprint fields allowed to differ (e.g. gpu_driver,engine_version)")
     p.add_argument("--strict", action="store_true",
@@ -416,10 +451,10 @@ def compare_main(argv: Sequence[str]) -> int:
         return int(exc.code or 0)
     try:
         store = BaselineStore(args.store, keep=None)
-        baseline = load_side(args.baseline, store, history=args.history)
+        baseline = load_side(args.baseline, store, history=args.history, baseline=True)
         candidate = load_side(args.candidate, store)
         result = compare_runs(baseline, candidate, tolerance=args.tolerance, alpha=args.alpha,
-                              allow=args.allow, strict=args.strict)
+                              allow=args.allow, strict=args.strict, prior_session_cv=args.session_cv)
         print(format_result(result, baseline, candidate))
         written = write_outputs(report_document(result, baseline, candidate), markdown=args.markdown,
                                 json_out=args.json_out, report_dir=args.report_dir)

@@ -1,23 +1,36 @@
 """``llmperf history NAME``: each gated statistic over main's sessions, change points marked,
-and a trend plot (with the ``plots`` extra)."""
+and a trend plot (with the ``plots`` extra); with ``--noise``, the noise model the gate fits to
+that history.
+
+The noise report is the gate's own model (:meth:`GateSession.from_sessions`, the same sessions
+the plugin would pool: same setup as the newest, since the last change point), per test run and
+gated statistic: the sessions used, the session CV (a session's value around main's mean), the
+part beyond the session-wide shift, and the trial CV inside a session; and the CV of the
+session-wide shift itself. The suggested ``--llmperf-session-cv`` for a fleet is the median
+session CV over the statistics measured in at least :data:`~pytest_llmperf.baseline.sessions.MIN_SESSIONS`
+sessions: the value the gate should assume while a new baseline (or one just rebased) is
+shorter than that.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
 import sys
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pytest_llmperf.baseline.history import DEFAULT_HISTORY, load_history
 from pytest_llmperf.baseline.store import DEFAULT_ROOT, BaselineStore, StoreError
 from pytest_llmperf.errors import pytest_flag
-from pytest_llmperf.formatting import fmt_number
+from pytest_llmperf.formatting import fmt_number, table
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from pytest_llmperf.baseline.history import StatSeries
+    from pytest_llmperf.baseline.history import History, StatSeries
 
 PROG = "llmperf history"
 
@@ -44,6 +57,65 @@ def format_series(series: StatSeries) -> str:
     return f"{_short(series.key)} · {series.stat}: {' '.join(cells)}{tail}{marks}"
 
 
+def noise_report(history: History) -> dict[str, Any]:
+    """The gate's noise model fitted to ``history`` (see the module docstring), as plain data."""
+    from pytest_llmperf.baseline.gate import GateSession
+    from pytest_llmperf.baseline.sessions import MIN_SESSIONS, PRIOR_SESSION_CV, cv_of
+
+    gate = GateSession.from_sessions([run.run.get("tests") or {} for run in history.runs],
+                                     session_ids=[run.run_id for run in history.runs])
+    model = gate.model
+    stats = []
+    if model is not None:
+        for (key, stat), fitted in sorted(model.stats.items()):
+            stats.append({"key": key, "stat": stat, **fitted.to_dict()})
+    measured = [s["session_cv"] for s in stats if not s.get("prior") and s.get("sessions", 0) >= MIN_SESSIONS]
+    suggested = statistics.median(measured) if measured else None
+    return {
+        "name": history.name,
+        "sessions_read": len(history.runs),
+        "sessions": model.sessions if model is not None else 0,
+        "min_sessions": MIN_SESSIONS,
+        "session_wide_cv": cv_of(model.tau_global) if model is not None and not model.prior else None,
+        "stats": stats,
+        "suggested_session_cv": suggested,
+        "statistics_measured": len(measured),
+        "default_session_cv": PRIOR_SESSION_CV,
+        "rebased": history.rebased.to_dict() if history.rebased is not None else None,
+        "notes": {key: list(lines) for key, lines in gate.notes.items()},
+    }
+
+
+def _cv(value: Any) -> str:
+    return f"{value:.1%}" if isinstance(value, (int, float)) else "-"
+
+
+def format_noise(report: dict[str, Any]) -> str:
+    """The noise report as text: one row per test run and statistic, then the suggested prior."""
+    lines = [f"{report['name']}: noise model from {report['sessions']} session(s) "
+             f"(of {report['sessions_read']} read; per test run, those on the newest setup since its last "
+             "change point)"]
+    if report["session_wide_cv"] is not None:
+        lines.append(f"session-wide shift (one launch's speed, shared by every statistic): CV {_cv(report['session_wide_cv'])}")
+    rows = [[_short(s["key"]), s["stat"], str(s.get("sessions", "-")), _cv(s.get("session_cv")),
+             _cv(s.get("specific_cv")), _cv(s.get("trial_cv")), "prior" if s.get("prior") else ""]
+            for s in report["stats"]]
+    if rows:
+        lines.append(table(["test", "statistic", "sessions", "session CV", "beyond shift", "trial CV", ""], rows,
+                           left=2))
+    for key, notes in report["notes"].items():
+        lines.extend(f"note: {_short(key)}: {note}" for note in notes)
+    if report["suggested_session_cv"] is not None:
+        lines.append(f"suggested --llmperf-session-cv {report['suggested_session_cv']:.3f} (the median session CV "
+                     f"over {report['statistics_measured']} statistic(s); the gate assumes it while a history is "
+                     f"shorter than {report['min_sessions']} sessions)")
+    else:
+        lines.append(f"too few sessions to suggest --llmperf-session-cv: {report['sessions']} on the newest setup, "
+                     f"{report['min_sessions']} needed; the gate assumes its prior, "
+                     f"{report['default_session_cv']:g} unless set")
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description="Print each gated statistic over a baseline's saved "
                                 "sessions (oldest first), with change points marked '|'.")
@@ -54,6 +126,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="newest N sessions (default 50)")
     p.add_argument("--alpha", type=float, default=0.01, help="significance of a change point (default 0.01)")
     p.add_argument("--plot", type=Path, metavar="OUT.png", help="write a trend plot (needs the plots extra)")
+    p.add_argument("--noise", action="store_true",
+                   help="print the noise model the gate fits to this history (session, beyond-shift and trial CV "
+                        "per statistic) and the --llmperf-session-cv it suggests for the fleet")
+    p.add_argument("--json", action="store_true", help="print the history (or, with --noise, the noise model) as JSON")
     return p
 
 
@@ -73,9 +149,20 @@ def history_main(argv: Sequence[str]) -> int:
         return 2
     for warning in caught:
         print(f"{PROG}: warning: {warning.message}", file=sys.stderr)
-    print(f"{args.name}: {len(history.runs)} sessions, oldest first; '|' marks a change point")
-    for s in series:
-        print("  " + format_series(s))
+    if args.noise:
+        report = noise_report(history)
+        print(json.dumps(report, indent=2) if args.json else _with_rebase(history, format_noise(report)))
+    elif args.json:
+        doc = {"name": args.name, "sessions": len(history.runs),
+               "rebased": history.rebased.to_dict() if history.rebased is not None else None,
+               "series": [{"key": s.key, "stat": s.stat, "run_ids": s.run_ids, "values": s.values,
+                           "change_points": s.change_points} for s in series]}
+        print(json.dumps(doc, indent=2))
+    else:
+        print(_with_rebase(history, f"{args.name}: {len(history.runs)} sessions, oldest first; "
+                                    "'|' marks a change point"))
+        for s in series:
+            print("  " + format_series(s))
     if args.plot is not None:
         try:
             from pytest_llmperf.report.trend import write_trend_plot
@@ -84,5 +171,10 @@ def history_main(argv: Sequence[str]) -> int:
                   file=sys.stderr)
             return 2
         path = write_trend_plot(series, args.plot, title=f"{args.name}: gated statistics per session")
-        print(f"wrote {path}")
+        print(f"wrote {path}", file=sys.stderr if args.json else sys.stdout)  # stdout stays one JSON document
     return 0
+
+
+def _with_rebase(history: History, text: str) -> str:
+    note = history.rebase_note()
+    return text if note is None else f"{note}\n{text}"

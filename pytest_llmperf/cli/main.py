@@ -1,4 +1,4 @@
-"""The ``llmperf`` command: ``sim``, ``run``, ``compare`` and ``baselines``.
+"""The ``llmperf`` command: ``sim``, ``run``, ``compare``, ``baselines`` and ``history``.
 
 Exit codes: 0 success, 1 a regression / breached SLO, 2 a usage or data error (one line on stderr).
 """
@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("sim", help="serve the built-in OpenAI-compatible simulator (llmperf sim --help)", add_help=False)
     add_run_parser(sub)
     sub.add_parser("compare", help="compare two saved runs and print verdicts (llmperf compare --help)", add_help=False)
-    sub.add_parser("baselines", help="list, show or delete saved baselines (llmperf baselines --help)", add_help=False)
+    sub.add_parser("baselines", help="list, show, delete or rebase saved baselines (llmperf baselines --help)", add_help=False)
     sub.add_parser("history", help="gated statistics over a baseline's sessions, change points marked", add_help=False)
     return parser
 

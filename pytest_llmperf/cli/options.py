@@ -95,6 +95,11 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("keep", "saved runs kept per baseline name (default 20)", 20, _positive_int),
     OptionSpec("history", "sessions of the baseline's history the gate learns session noise from: the last N "
                "saved runs measured on the same setup, since the last change point (default 10)", 10, _positive_int),
+    # The default is the gate's PRIOR_SESSION_CV (baseline/sessions.py; a test pins the two
+    # together): this table is read when pytest loads the plugin, so it must not import numpy.
+    OptionSpec("session-cv", "session-to-session spread (CV, a fraction) the gate assumes while the baseline's "
+               "history is too short to measure it (under 3 sessions); `llmperf history NAME --noise` suggests "
+               "one for your fleet (default 0.05)", 0.05, _fraction),
     OptionSpec("tolerance", "relative change tolerated before a regression can fail (default 0.05)", 0.05, _fraction),
     OptionSpec("alpha", "significance level of the regression test (default 0.05)", 0.05, _fraction),
     OptionSpec("trials", "default number of trials per workload (a trial is a full run)", None, _positive_int),
@@ -154,6 +159,15 @@ class LLMPerfOptions:
     def allowed_diffs(self) -> list[str]:
         raw = self.values.get("allow_diff") or ""
         return [p.strip() for p in raw.split(",") if p.strip()]
+
+
+def option_spec(name: str) -> OptionSpec:
+    """The table's row for ``name`` (``"session-cv"``), so the ``llmperf`` command validates a
+    shared setting exactly as the plugin does."""
+    for spec in OPTIONS:
+        if spec.name == name:
+            return spec
+    raise KeyError(name)
 
 
 def resolve(getoption: Callable[[str], Any], getini: Callable[[str], Any]) -> LLMPerfOptions:

@@ -244,14 +244,21 @@ class LLMPerfSession:
         self.history_warnings = [str(w.message) for w in caught]
         for message in self.history_warnings:
             warnings.warn(message, StoreWarning, stacklevel=2)
+        tr = self.config.pluginmanager.get_plugin("terminalreporter")
+        # Main's history started anew on purpose: say since when and why, and how short it is.
+        rebase_note = history.rebase_note()
+        if rebase_note is not None and tr is not None:
+            tr.write_line(f"llmperf: {rebase_note}")
+        if not history.runs:
+            return  # rebased, and no session saved since: no baseline yet
         self.baseline_source = str(newest.path)
         settings = GateSettings(tolerance=opts.tolerance, alpha=opts.alpha, allow=tuple(opts.allowed_diffs),
                                 strict=opts.strict)
         self.gate = GateSession.from_sessions([run.run.get("tests") or {} for run in history.runs], settings,
-                                              session_ids=[run.run_id for run in history.runs])
+                                              session_ids=[run.run_id for run in history.runs],
+                                              prior_session_cv=opts.session_cv)
         self.gate.plan(lambda nodeid: nodeid in selected_tests)
         self.reach_notes = self.gate.reach(lambda nodeid: nodeid in selected_tests)
-        tr = self.config.pluginmanager.get_plugin("terminalreporter")
         if self.reach_notes and tr is not None:
             tr.write_line(f"llmperf: what the gate can judge against {opts.baseline!r}, before any load:")
             for line in self.reach_notes:
