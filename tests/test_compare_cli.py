@@ -290,8 +290,8 @@ def test_session_cv_sets_the_prior_of_a_one_session_history(runs, capsys, tmp_pa
     code, out, err = _compare(capsys, "main", "aa", "--store", runs / "store", "--session-cv", "0.02", "--json", tight)
     assert code == 0, out + err
     default_method, tight_method = _tpot(default)["method"], _tpot(tight)["method"]
-    assert "session model: 1 main session(s) (prior); session CV 5.0%, beyond the session-wide shift 5.0%" in default_method
-    assert "session model: 1 main session(s) (prior); session CV 2.0%, beyond the session-wide shift 2.0%" in tight_method
+    assert "session model: 1 main session(s) (prior) of 1 launch(es), candidate 1 launch(es); session CV 5.0% (prior), beyond the session-wide shift 5.0%" in default_method
+    assert "session model: 1 main session(s) (prior) of 1 launch(es), candidate 1 launch(es); session CV 2.0% (prior), beyond the session-wide shift 2.0%" in tight_method
 
     def detectable(method):
         return float(re.search(r"smallest detectable change \+?([\d.]+)%", method).group(1))

@@ -125,10 +125,11 @@ def test_noise_report_is_the_gates_model_and_suggests_the_median_session_cv(tmp_
 
 
 def test_noise_report_with_too_few_sessions_says_so(tmp_path, capsys):
-    store = _store(tmp_path, [0.007] * 2)
+    # One session of one launch: nothing measured the session spread, the prior stands in.
+    store = _store(tmp_path, [0.007] * 1)
     assert cli_main(["history", "main", "--store", str(store.root), "--noise"]) == 0
     out = capsys.readouterr().out
-    assert "too few sessions to suggest --llmperf-session-cv: 2 on the newest setup, 3 needed" in out
+    assert "too few sessions to suggest --llmperf-session-cv: 1 on the newest setup, 3 needed" in out
     assert "suggested --llmperf-session-cv" not in out and "prior" in out
     assert cli_main(["history", "main", "--store", str(store.root), "--noise", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -192,8 +193,8 @@ def test_session_cv_sets_the_prior_of_a_short_history(pytester):
     _session(pytester, "--llmperf-baseline", "main", "--llmperf-session-cv", "0.02",
              "--llmperf-report-dir", "r-2").assert_outcomes(passed=1)
     default, tight = _tpot_method(pytester, "r-default"), _tpot_method(pytester, "r-2")
-    assert "session model: 1 main session(s) (prior); session CV 5.0%, beyond the session-wide shift 5.0%" in default
-    assert "session model: 1 main session(s) (prior); session CV 2.0%, beyond the session-wide shift 2.0%" in tight
+    assert "session model: 1 main session(s) (prior) of 1 launch(es), candidate 1 launch(es); session CV 5.0% (prior), beyond the session-wide shift 5.0%" in default
+    assert "session model: 1 main session(s) (prior) of 1 launch(es), candidate 1 launch(es); session CV 2.0% (prior), beyond the session-wide shift 2.0%" in tight
     assert _detectable(tight) < _detectable(default)
 
 

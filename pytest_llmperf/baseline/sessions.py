@@ -26,8 +26,10 @@ variance components, fitted by the one-way ANOVA of launch means within jobs:
 
 The candidate's own launches add to w's sum of squares and degrees of freedom (a uniform
 regression leaves the spread between its launches unchanged). The job part is ρ̂² = max(0,
-s² − w/L_b), shrunk towards the stated prior with ν₀ = :data:`PRIOR_DF` pseudo-degrees of
-freedom, ρ̃² = ((K − 1)ρ̂² + ν₀ p²) / (K − 1 + ν₀), where p is :data:`PRIOR_RUNNER_CV` (the
+s² − w/L_b). With fewer than :data:`MIN_SESSIONS` jobs it is ρ̃² = max(p², ρ̂²) with p the stated
+prior, taken as known (normal quantiles); from :data:`MIN_SESSIONS` jobs on it is shrunk
+towards the prior with ν₀ = :data:`PRIOR_DF` pseudo-degrees of freedom, ρ̃² = ((K − 1)ρ̂² +
+ν₀ p²) / (K − 1 + ν₀). p is :data:`PRIOR_RUNNER_CV` (the
 runner part beyond launches) when launches are measured, else the prior session spread
 (``prior_session_cv``, default :data:`PRIOR_SESSION_CV`, a setting: ``--llmperf-session-cv``),
 which then stands for the whole session. The prior is external, so its pseudo-degrees of
@@ -42,10 +44,11 @@ jobs of L_b launches has
     SE² = ρ̃²(1 + 1/K) + w(1/L_c + 1/(K·L_b)) + σ²·max(0, 1/T_c − 1/T_b)/L_c
 
 with Satterthwaite's degrees of freedom for the sum, ν = SE⁴ / (a²/ν_ρ + b²/ν_w), ν_ρ = K − 1 +
-ν₀, ν_w the launch level's. Without launches on either side (L = 1) the job-level variance is
-the whole session's, SE² = S̃²(1 + 1/K) with ν = K − 1 + ν₀. With K = 1 and L = 1 nothing
-measured the session spread: the prior stands and REGRESSED needs the whole interval beyond
-the tolerance (:attr:`StatModel.prior`).
+ν₀ (∞ while the prior stands), ν_w the launch level's. Without launches on either side (L = 1)
+the job-level variance is the whole session's, SE² = S̃²(1 + 1/K) with ν = K − 1 + ν₀. With
+K < :data:`MIN_SESSIONS` and L = 1 nothing has measured the session spread well enough: the
+prior stands and REGRESSED needs the whole interval beyond the tolerance
+(:attr:`StatModel.prior`).
 
 Tests, with b_i the candidate's badness:
 
@@ -163,11 +166,13 @@ def session_logs(values: Sequence[float | None], launches: Sequence[int] | None 
 
 
 def _shrink(value: float | None, dof: float, prior_var: float, prior_df: float = PRIOR_DF) -> tuple[float, float]:
-    """(ν·v + ν₀·p²) / (ν + ν₀) and its degrees of freedom ν + ν₀ (the prior alone without data)."""
-    if value is None or dof <= 0:
-        return prior_var, float(PRIOR_DF)
+    """The job-level variance to use, and its degrees of freedom. With fewer than
+    :data:`MIN_SESSIONS` − 1 degrees of freedom the stated prior is taken as known (normal
+    quantiles), raised to the estimate when the estimate is larger; from there on the estimate
+    is shrunk towards it, (ν·v + ν₀·p²) / (ν + ν₀) with ν + ν₀ degrees of freedom."""
+    if value is None or dof < MIN_SESSIONS - 1:
+        return max(prior_var, value or 0.0), math.inf
     return (dof * value + prior_df * prior_var) / (dof + prior_df), dof + prior_df
-
 
 @dataclass(frozen=True)
 class Component:
@@ -218,7 +223,7 @@ class Component:
         a = rho * (1.0 + 1.0 / k)
         b = w * (1.0 / l_c + 1.0 / (k * self.launches))
         se2 = a + b
-        df = se2 * se2 / (a * a / rho_df + b * b / dof)
+        df = se2 * se2 / ((a * a / rho_df if math.isfinite(rho_df) else 0.0) + b * b / dof)
         return se2, df
 
     def unit_var(self, pooled: tuple[float, float] = (0.0, 0.0)) -> float:
@@ -231,7 +236,8 @@ class Component:
 
     @property
     def measured(self) -> bool:
-        return self.job_var is not None or self.launch_df > 0
+        """Whether launches or enough sessions measured this spread (else the prior stands)."""
+        return self.launch_df > 0 or (self.job_var is not None and self.job_df >= MIN_SESSIONS - 1)
 
 
 def _component(series: Sequence[Sequence[float]], session_prior: float, runner_prior: float) -> Component:
