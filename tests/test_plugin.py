@@ -241,3 +241,22 @@ def test_interrupted_launch_leaves_no_server_process(pytester, tmp_path, sig):
         time.sleep(0.05)
     assert not _alive(server_pid), "the server survived pytest"
     assert not _alive(child_pid), "the server's child survived pytest"
+
+
+@pytest.mark.parametrize("flag", ["--llmperf-store", "--llmperf-report-dir"])
+def test_option_value_as_separate_argument_keeps_rootdir_and_ini(pytester, flag):
+    """pytest finds its rootdir before the plugin's options exist, so ``--llmperf-store DIR`` with
+    DIR outside the project once rooted the session at a common ancestor and lost the ini file."""
+    pytester.makeini("[pytest]\npython_files = check_*.py\npythonpath = helpers\naddopts = -rA\n")
+    pytester.mkdir("helpers").joinpath("helper_mod.py").write_text("VALUE = 3\n")
+    pytester.makepyfile(check_a="import helper_mod\n\ndef test_a():\n    assert helper_mod.VALUE == 3\n")
+    outside = pytester.path.parent / f"{pytester.path.name}-store"
+    outside.mkdir()
+    joined = pytester.runpytest(f"{flag}={outside}", "-p", "no:cacheprovider")
+    separate = pytester.runpytest(flag, str(outside), "-p", "no:cacheprovider")
+    for result in (joined, separate):
+        result.assert_outcomes(passed=1)
+        result.stdout.fnmatch_lines([f"rootdir: {pytester.path}", "configfile: tox.ini", "PASSED check_a.py::test_a"])
+    listed = [pytester.runpytest("--collect-only", "-q", *args).stdout.lines[0]
+              for args in ([f"{flag}={outside}"], [flag, str(outside)])]
+    assert listed == ["check_a.py::test_a", "check_a.py::test_a"]
