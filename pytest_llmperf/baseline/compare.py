@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pytest_llmperf.baseline.samples import unpack_samples
+from pytest_llmperf.baseline.samples import pack_samples, unpack_samples
 from pytest_llmperf.baseline.schema import GatedStat, entry_gated_stats
 from pytest_llmperf.fingerprint import Fingerprint, ensure_comparable
 from pytest_llmperf.metrics import censored_percentile
@@ -185,6 +185,27 @@ def precision_floor(entry: Mapping[str, Any], g: GatedStat) -> str | None:
     unit = "inter-token gaps" if g.metric == "itl_s" else "requests"
     return (f"{g.stat} cannot be judged: a trial of {worst[1]} {unit} is worth ~{worst[0]:.0f} independent ones, "
             f"{need} needed for {MIN_BEYOND_PER_TRIAL} beyond the {g.stat}; run longer trials")
+
+
+def shortened(entry: Mapping[str, Any], scale: float) -> Mapping[str, Any]:
+    """What ``entry``'s trials would hold if its workload ran ``scale`` times as long
+    (``--llmperf-duration-scale``, which shortens timed workloads only): each trial's per-request
+    samples cut to the first ⌈scale·n⌉, the summary's sample counts scaled alike. For asking
+    :func:`precision_floor` about a shortened run before it is made; the entry itself when
+    nothing would change."""
+    if scale >= 1 or (entry.get("workload") or {}).get("duration_s") is None:
+        return entry
+
+    def cut(packed: Any) -> Any:
+        series = unpack_samples(packed)
+        keep = math.ceil(series.shape[0] * scale) if series.ndim else None
+        return pack_samples(series[:keep]) if keep is not None else packed
+
+    trials = [{**t, "samples": {m: cut(v) for m, v in (t.get("samples") or {}).items()}}
+              for t in entry.get("trials") or []]
+    summary = {k: ({**v, "count": math.ceil(v["count"] * scale)} if isinstance(v, dict) and isinstance(v.get("count"), int)
+                   else v) for k, v in (entry.get("summary") or {}).items()}
+    return {**entry, "trials": trials, "summary": summary}
 
 
 def _tail_floor(comp: Comparison, g: GatedStat, baseline: Sequence[Mapping[str, Any]],
