@@ -42,6 +42,7 @@ from pytest_llmperf.stats import (
     effective_sample_size,
     estimate_run_cv,
     headline_from_counts,
+    tolerance_bounds,
 )
 
 if TYPE_CHECKING:
@@ -351,7 +352,7 @@ def _bonferroni(c: Comparison, m: int) -> Comparison:
         return c
     p = min(1.0, c.p_value * m)
     verdict, reason = decide(c.change, c.ci_low, c.ci_high, p, tolerance=c.tolerance, alpha=c.alpha,
-                             higher_is_better=c.higher_is_better)
+                             higher_is_better=c.higher_is_better, absolute=c.mode == "counts")
     return dataclasses.replace(c, p_adjusted=p, verdict=verdict, reason=reason)
 
 
@@ -375,7 +376,9 @@ def compare_capacity(key: str, baseline: Mapping[str, Any], candidate: Mapping[s
     ``hi`` (within its ``precision``); that bracket is the uncertainty. REGRESSED when the
     candidate's whole bracket lies below the baseline's lower end by more than the tolerance,
     IMPROVED the mirror, UNCHANGED when the brackets agree within the tolerance, INCONCLUSIVE
-    otherwise. The decision has no p-value, so Holm's correction leaves it as it is.
+    otherwise; the tolerance is symmetric on the log scale, as for every statistic
+    (:func:`~pytest_llmperf.stats.tolerance_bounds`). The decision has no p-value, so Holm's
+    correction leaves it as it is.
     """
     allowed = ensure_comparable(Fingerprint.from_dict(baseline["fingerprint"]),
                                 Fingerprint.from_dict(candidate["fingerprint"]), allow)
@@ -401,11 +404,12 @@ def compare_capacity(key: str, baseline: Mapping[str, Any], candidate: Mapping[s
     c_hi = c_hi or c_lo
     change = c_lo / b_lo - 1.0
     ci_low, ci_high = c_lo / b_hi - 1.0, c_hi / b_lo - 1.0
-    if ci_high < -tolerance:
+    low, high = tolerance_bounds(tolerance)
+    if ci_high < low:
         verdict, reason = Verdict.REGRESSED, ""
-    elif ci_low > tolerance:
+    elif ci_low > high:
         verdict, reason = Verdict.IMPROVED, ""
-    elif ci_low >= -tolerance and ci_high <= tolerance:
+    elif ci_low >= low and ci_high <= high:
         verdict, reason = Verdict.UNCHANGED, ""
     else:
         verdict, reason = Verdict.INCONCLUSIVE, "the search brackets overlap the tolerance; a finer precision would settle it"
