@@ -3,6 +3,10 @@ a value, so the terminal, the Markdown summary, junit messages and verdict lines
 
 - seconds: below 1 s in milliseconds with one decimal (``12.3 ms``), else two decimals (``1.50 s``);
 - relative changes: signed percent with one decimal and a true minus sign (``+5.0%``, ``−3.1%``);
+- tolerance bounds: signed percent with three significant figures (``+5%``, ``−4.76%``, ``−33.3%``),
+  always one bound, the one in the direction of the change it judges: a tolerance δ is symmetric
+  on the log scale, so it allows up to +δ or down to 1/(1 + δ) − 1
+  (:func:`pytest_llmperf.stats.tolerance_bounds`), and "±50%" would misstate the lower bound;
 - plain numbers: three significant figures below 10, fewer decimals as they grow (``0.123``,
   ``12.3``, ``123``);
 - infinities (a failed request is +∞ in a latency percentile) as ``∞``; missing values as ``–``.
@@ -68,6 +72,16 @@ def fmt_pct(value: Any) -> str:
     return (MINUS if v < 0 and text != "0.0%" else "+") + text
 
 
+def fmt_tolerance(bound: float) -> str:
+    """One tolerance bound as a relative change: 0.5 -> '+50%', -1/3 -> '−33.3%', 0.05 -> '+5%'."""
+    if not math.isfinite(bound):
+        return fmt_pct(bound)
+    text = f"{abs(bound) * 100:.3g}%"
+    if text == "0%":
+        return text
+    return (MINUS if bound < 0 else "+") + text
+
+
 def fmt_value(value: Any, unit: str) -> str:
     """A statistic with its unit: seconds as ms/s, fractions as %, rates as req/s."""
     v = _number(value)
@@ -112,4 +126,4 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], left: int = 1) 
     return "\n".join(out)
 
 
-__all__ = ["MINUS", "MISSING", "fmt_number", "fmt_pair", "fmt_pct", "fmt_s", "fmt_value", "table"]
+__all__ = ["MINUS", "MISSING", "fmt_number", "fmt_pair", "fmt_pct", "fmt_s", "fmt_tolerance", "fmt_value", "table"]

@@ -15,15 +15,19 @@ Directional decisions (one-sided α per direction, interval at 1 − 2α)
     * P(REGRESSED | no change) ≤ α: the false-alarm budget is spent on the direction that fails
       a build, instead of half of it on improvements nobody gates on (a two-sided 95% test wastes
       α/2 and needs about one more trial per side for the same power);
-    * UNCHANGED ("the whole interval lies within ±δ") is the two-one-sided-tests (TOST)
+    * UNCHANGED ("the whole interval lies within the tolerance") is the two-one-sided-tests (TOST)
       equivalence test at level α, the textbook pairing of equivalence with a 1 − 2α interval.
 
-Verdict with tolerance δ (relative change, in the "bad" direction)
-    REGRESSED   significant (Holm-adjusted one-sided p < α) and the estimate is worse than δ;
-    IMPROVED    the interval excludes 0 on the good side and the estimate is better than δ;
-    UNCHANGED   the whole interval lies within [−δ, +δ];
+Verdict with tolerance δ, symmetric on θ: |θ| ≤ log(1 + δ), i.e. a relative change from
+1/(1 + δ) − 1 to +δ (:func:`tolerance_bounds`; δ = 5%: −4.76% … +5%, δ = 50%: −33.3% … +50%), so
+a 50% tolerance means the same for a latency that rises to 1.5× and a goodput that falls to 1/1.5
+    REGRESSED   significant (Holm-adjusted one-sided p < α) and the estimate is worse than the
+                bound on the bad side;
+    IMPROVED    the interval excludes 0 on the good side and the estimate is beyond the bound there;
+    UNCHANGED   the whole interval lies within the two bounds;
     INCONCLUSIVE otherwise (reported; fails only in strict mode);
     NOT_GATED   too few samples or an undefined statistic (reported with the reason, never fails).
+Verdict lines print the bound in the direction of the change they judge ("tolerance −33.3%").
 
 Trials mode (:func:`compare_trials`): one value of the statistic per trial (a trial is a full
 run). Test: Student's two-sample t on the log values with pooled variance. Why this and not the
@@ -111,7 +115,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from scipy import stats as sps
 
-from pytest_llmperf.formatting import fmt_pair, fmt_pct
+from pytest_llmperf.formatting import fmt_pair, fmt_pct, fmt_tolerance
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -134,6 +138,7 @@ __all__ = [
     "estimate_run_cv",
     "holm",
     "optimal_block_length",
+    "tolerance_bounds",
     "trials_needed",
 ]
 
@@ -244,7 +249,7 @@ class Comparison:
 
     def message(self) -> str:
         """One line for humans, e.g. ``goodput 7.10 → 6.20 req/s (−12.7%, 90% CI −16.1% … −9.0%,
-        tolerance 5%)``."""
+        tolerance −4.76%)``: the tolerance bound on the side of the change (module docstring)."""
         if self.unit == "fraction":
             # An error rate: values as percentages, changes in percentage points (compare_counts).
             head = f"{self.name} {_fmt_rate(self.baseline_value)} → {_fmt_rate(self.candidate_value)}"
@@ -258,10 +263,13 @@ class Comparison:
             parts = [_fmt_pp(self.change), f"{level} {_fmt_pp(self.ci_low)} … {_fmt_pp(self.ci_high)}",
                      f"tolerance {self.tolerance * 100:.2g} pp"]
         else:
+            # The bound on the side of the change (on the bad side when there is none).
+            low, high = tolerance_bounds(self.tolerance)
+            down = self.change < 0 or (self.change == 0 and self.higher_is_better)
             parts = [
                 fmt_pct(self.change),
                 f"{level} {fmt_pct(self.ci_low)} … {fmt_pct(self.ci_high)}",
-                f"tolerance {self.tolerance * 100:g}%",
+                f"tolerance {fmt_tolerance(low if down else high)}",
             ]
         if self.mode == "quick":
             parts.append("quick: 1 run per side")
@@ -320,38 +328,53 @@ def decide(
     tolerance: float,
     alpha: float,
     higher_is_better: bool,
+    absolute: bool = False,
 ) -> tuple[Verdict, str]:
-    """The verdict rule (module docstring) on the relative scale; returns (verdict, reason)."""
+    """The verdict rule (module docstring) on the relative scale, with the tolerance symmetric on
+    θ; ``absolute``: on an absolute scale with a symmetric tolerance instead (error rates,
+    :func:`compare_counts`). Returns (verdict, reason)."""
     if any(math.isnan(x) for x in (change, ci_low, ci_high, p_adjusted)):
         return Verdict.NOT_GATED, "no estimate"
+    low, high = (-tolerance, tolerance) if absolute else tolerance_bounds(tolerance)
     # Map to a "badness" scale where positive is worse, so one rule serves both directions.
     if higher_is_better:
-        bad, bad_hi = -change, -ci_low
+        bad, bad_hi, worse, better = -change, -ci_low, -low, high
     else:
-        bad, bad_hi = change, ci_high
-    if p_adjusted < alpha and bad > tolerance:
+        bad, bad_hi, worse, better = change, ci_high, high, -low
+    if p_adjusted < alpha and bad > worse:
         return Verdict.REGRESSED, ""
-    if bad_hi < 0 and -bad > tolerance:
+    if bad_hi < 0 and -bad > better:
         return Verdict.IMPROVED, ""
-    if ci_low >= -tolerance and ci_high <= tolerance:
+    if ci_low >= low and ci_high <= high:
         return Verdict.UNCHANGED, ""
-    tol = f"{tolerance * 100:g}%"
-    if bad > tolerance:
+    if absolute:
+        bad_side = f"{tolerance * 100:g} pp"
+        both = f"±{bad_side}"
+    else:  # each bound on its own side (module docstring)
+        bad_side = fmt_tolerance(low if higher_is_better else high)
+        both = f"{fmt_tolerance(low)} … {fmt_tolerance(high)}"
+    if bad > worse:
         reason = (
-            f"worse by {fmt_pct(abs(change))} (beyond the {tol} tolerance) but not significant "
+            f"worse, {fmt_pct(change)} (beyond the {bad_side} tolerance), but not significant "
             f"(p = {p_adjusted:.3g} ≥ α = {alpha:g}); more trials would settle it"
         )
     elif p_adjusted < alpha:
         reason = (
-            f"significantly worse, by {fmt_pct(abs(change))}: within the {tol} tolerance "
+            f"significantly worse, {fmt_pct(change)}: within the {bad_side} tolerance "
             "but the interval reaches past it"
         )
     else:
         reason = (
-            f"interval {fmt_pct(ci_low)} … {fmt_pct(ci_high)} is wider than ±{tol}; "
+            f"interval {fmt_pct(ci_low)} … {fmt_pct(ci_high)} is wider than the tolerance {both}; "
             "more trials would settle it"
         )
     return Verdict.INCONCLUSIVE, reason
+
+
+def tolerance_bounds(tolerance: float) -> tuple[float, float]:
+    """The relative changes a tolerance δ allows, (1/(1 + δ) − 1, δ): |θ| ≤ log(1 + δ), the
+    tolerance symmetric on the log scale every comparison works on (module docstring)."""
+    return 1.0 / (1.0 + tolerance) - 1.0, tolerance
 
 
 def holm(comparisons: Sequence[Comparison]) -> list[Comparison]:
@@ -380,6 +403,7 @@ def holm(comparisons: Sequence[Comparison]) -> list[Comparison]:
             tolerance=c.tolerance,
             alpha=c.alpha,
             higher_is_better=c.higher_is_better,
+            absolute=c.mode == "counts",
         )
         out.append(dataclasses.replace(c, p_adjusted=adjusted[i], verdict=verdict, reason=reason))
     return out
@@ -577,7 +601,7 @@ def compare_counts(
     else:
         p = float(sps.fisher_exact([[kc, nc - kc], [kb, nb - kb]], alternative="greater").pvalue)
     theta = math.log(((kc + 0.5) / nc) / ((kb + 0.5) / nb))
-    verdict, reason = decide(d, lo, hi, p, tolerance=tol, alpha=alpha, higher_is_better=False)
+    verdict, reason = decide(d, lo, hi, p, tolerance=tol, alpha=alpha, higher_is_better=False, absolute=True)
     if verdict is Verdict.INCONCLUSIVE and _wilson(0, min(nb, nc), z)[1] > floor:
         verdict = Verdict.NOT_GATED
         reason = (f"too few requests ({min(nb, nc)} on the smaller side) to bound an error rate within "

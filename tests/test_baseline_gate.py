@@ -41,7 +41,7 @@ def test_aa_passes_and_slowdown_regresses_tpot_and_goodput(pytester):
     slow.assert_outcomes(failed=1)
     out = slow.stdout.str()
     assert "performance regressed against baseline 'main'" in out
-    slow.stdout.fnmatch_lines(["*REGRESSED: tpot_p50 * → * ms (+*%, 90% CI +*% … +*%, tolerance 5%*",
+    slow.stdout.fnmatch_lines(["*REGRESSED: tpot_p50 * → * ms (+*%, 90% CI +*% … +*%, tolerance +5%*",
                                "*REGRESSED: goodput * → * req/s (−*%*"])
 
 

@@ -106,7 +106,7 @@ def test_slowdown_regresses_and_exits_1(runs, capsys):
     assert "→" in rows["tpot_p50"] and "%" in rows["tpot_p50"]
     assert rows["goodput"].endswith("REGRESSED")
     # the detail line is Comparison.message(), with the interval and tolerance
-    assert "REGRESSED: test_chat: tpot_p50 " in out and "tolerance 5%" in out
+    assert "REGRESSED: test_chat: tpot_p50 " in out and "tolerance +5%" in out
     # tpot_p50 and goodput; tpot_p90 too unless its trials hold too few requests beyond the p90
     assert ("llmperf compare FAILED: 3 regressions, 1 not gated" in out
             or "llmperf compare FAILED: 2 regressions, 2 not gated" in out)

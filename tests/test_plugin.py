@@ -241,3 +241,52 @@ def test_interrupted_launch_leaves_no_server_process(pytester, tmp_path, sig):
         time.sleep(0.05)
     assert not _alive(server_pid), "the server survived pytest"
     assert not _alive(child_pid), "the server's child survived pytest"
+
+
+@pytest.mark.parametrize("flag", ["--llmperf-store", "--llmperf-report-dir"])
+def test_option_value_as_separate_argument_keeps_rootdir_and_ini(pytester, flag):
+    """pytest finds its rootdir before the plugin's options exist, so ``--llmperf-store DIR`` with
+    DIR outside the project once rooted the session at a common ancestor and lost the ini file."""
+    pytester.makeini("[pytest]\npython_files = check_*.py\npythonpath = helpers\naddopts = -rA\n")
+    pytester.mkdir("helpers").joinpath("helper_mod.py").write_text("VALUE = 3\n")
+    pytester.makepyfile(check_a="import helper_mod\n\ndef test_a():\n    assert helper_mod.VALUE == 3\n")
+    outside = pytester.path.parent / f"{pytester.path.name}-store"
+    outside.mkdir()
+    joined = pytester.runpytest(f"{flag}={outside}", "-p", "no:cacheprovider")
+    separate = pytester.runpytest(flag, str(outside), "-p", "no:cacheprovider")
+    for result in (joined, separate):
+        result.assert_outcomes(passed=1)
+        result.stdout.fnmatch_lines([f"rootdir: {pytester.path}", "configfile: tox.ini", "PASSED check_a.py::test_a"])
+    listed = [pytester.runpytest("--collect-only", "-q", *args).stdout.lines[0]
+              for args in ([f"{flag}={outside}"], [flag, str(outside)])]
+    assert listed == ["check_a.py::test_a", "check_a.py::test_a"]
+
+
+def test_smoke_scale_with_a_baseline_says_once_what_it_cannot_judge(pytester):
+    pytester.makepyfile(
+        """
+        from pytest_llmperf import Workload, slo
+
+        @slo(ttft_p90=5.0)
+        def test_chat(llmperf):
+            llmperf.run(Workload(input_tokens=32, output_tokens=8, rate_rps=40, duration_s=2.0, warmup_s=0.2))
+        """
+    )
+    args = [*FAST, "--llmperf-trials", "1"]
+    pytester.runpytest(*args, "--llmperf-save", "main").assert_outcomes(passed=1)
+    smoke_line = "is for checking that a suite runs, not for gating"
+
+    full = pytester.runpytest(*args, "--llmperf-baseline", "main")
+    full.assert_outcomes(passed=1)
+    assert smoke_line not in full.stdout.str()
+    assert "p90 cannot be judged" not in full.stdout.str()  # 80 requests a trial reach the p90
+
+    smoke = pytester.runpytest(*args, "--llmperf-baseline", "main", "--llmperf-duration-scale", "0.1")
+    out = smoke.stdout.str()
+    assert out.count(smoke_line) == 1, out
+    smoke.stdout.fnmatch_lines([f"llmperf: --llmperf-duration-scale 0.1 {smoke_line}: shortened timed workloads are "
+                                "not those of a full-length baseline such as 'main' (*workload_hash), and at 0.1x "
+                                "that length the gate cannot judge, before any load:",
+                                "  test_chat: p90 cannot be judged: a trial of * requests*run longer trials"])
+    # said before any load: ahead of the test's own progress line
+    assert out.index(smoke_line) < out.index("test_smoke_scale_with_a_baseline_says_once_what_it_cannot_judge.py ")

@@ -399,3 +399,23 @@ def test_simulator_session_writes_all_four_artefacts(pytester):
     text = (out / "llmperf-summary.md").read_text()
     assert text.startswith("✅ **pytest-llmperf**: 1 test, 1 met their SLOs")
     assert len(list((out / "plots").glob("*-latency.png"))) == 1
+
+
+def test_reports_print_the_tolerance_in_the_direction_of_the_change(written):
+    """A 5% tolerance is symmetric on the log scale: +5% for a rise, 1/1.05 − 1 = −4.76% for a fall."""
+    minus = "\u2212"
+    report_dir, _ = written
+    root = ET.parse(report_dir / "llmperf-junit.xml").getroot()
+    failures = {c.get("name"): c.find("failure").get("message") for c in root.findall(".//testcase")
+                if c.find("failure") is not None}
+    assert failures[f"test_short_chat[cold]{SEP}ttft_p95"].endswith("tolerance +5%)")
+    text = (report_dir / "llmperf-summary.md").read_text()
+    assert f"tolerance {minus}4.76% … +5%, α = 0.05" in text
+    # a goodput that fell 43% with a 50% tolerance: beyond its lower bound, −33.3%, and said so
+    fall = compare_trials("goodput", [10.0, 10.1, 9.9], [5.7, 5.8, 5.65], higher_is_better=True, unit="req/s",
+                          tolerance=0.5)
+    assert fall.verdict is Verdict.REGRESSED
+    line = md.comparison_message(fall.to_dict())
+    assert line.endswith(f"tolerance {minus}33.3%)") and "50%" not in line, line
+    rise = compare_trials("ttft_p95", [0.10, 0.101, 0.099], [0.16, 0.161, 0.159], higher_is_better=False, tolerance=0.5)
+    assert md.comparison_message(rise.to_dict()).endswith("tolerance +50%)")

@@ -17,6 +17,7 @@ from pytest_llmperf.stats import (
     estimate_run_cv,
     holm,
     optimal_block_length,
+    tolerance_bounds,
     trials_needed,
 )
 
@@ -45,7 +46,8 @@ def test_big_goodput_drop_is_regressed_with_readable_message():
     msg = c.message()
     assert msg.startswith(f"goodput 7.10 → 6.20 req/s ({MINUS}12.7%, 90% CI {MINUS}")
     pct = rf"{MINUS}\d+\.\d%"
-    expected = rf"goodput 7\.10 → 6\.20 req/s \({MINUS}12\.7%, 90% CI {pct} … {pct}, tolerance 5%\)"
+    # a fall is judged against the lower bound of the (log-symmetric) 5% tolerance: 1/1.05 − 1
+    expected = rf"goodput 7\.10 → 6\.20 req/s \({MINUS}12\.7%, 90% CI {pct} … {pct}, tolerance {MINUS}4\.76%\)"
     assert re.fullmatch(expected, msg), msg
 
 
@@ -83,7 +85,7 @@ def test_noisy_small_samples_are_inconclusive_not_regressed():
     assert c.verdict is Verdict.INCONCLUSIVE
     assert "more trials" in c.reason
     assert c.verdict.fails(strict=True) and not c.verdict.fails(strict=False)
-    assert "wider than ±5%" in c.message()
+    assert f"wider than the tolerance {MINUS}4.76% … +5%" in c.message()
 
 
 def test_too_few_trials_is_not_gated_with_reason():
@@ -127,6 +129,36 @@ def test_bad_input_is_a_clear_error():
         compare_trials("x", [[1, 2]], [1, 2], higher_is_better=False)
 
 
+@pytest.mark.parametrize("higher_is_better, change, tolerance_text", [
+    (True, -0.428, f"{MINUS}33.3%"),   # goodput falls: lower is worse, the bound is 1/1.5 − 1
+    (False, 0.42, "+50%"),             # latency rises
+    (False, -0.42, f"{MINUS}33.3%"),   # latency falls: the bound on the side of the change
+    (True, 0.42, "+50%"),              # goodput rises
+])
+def test_verdict_lines_print_the_tolerance_in_the_direction_of_the_change(higher_is_better, change, tolerance_text):
+    theta = math.log1p(change)
+    base = [10.0, 10.1, 9.9]
+    cand = [v * math.exp(theta) for v in base]
+    c = compare_trials("stat", base, cand, higher_is_better=higher_is_better, tolerance=0.5, unit="req/s")
+    assert f"tolerance {tolerance_text})" in c.message(), c.message()
+    assert "tolerance 50%" not in c.message()
+
+
+def test_the_tolerance_is_symmetric_on_the_log_scale():
+    # A 50% tolerance: a goodput that falls to 1/1.5 of the baseline is as far as a latency that
+    # rises to 1.5x; a fall of 42.8% is beyond it and regresses, a fall of 30% is within it.
+    assert tolerance_bounds(0.5) == pytest.approx((-1 / 3, 0.5))
+    kw = dict(tolerance=0.5, alpha=0.05, higher_is_better=True)
+    assert decide(-0.428, -0.49, -0.357, 0.001, **kw)[0] is Verdict.REGRESSED
+    assert decide(-0.30, -0.32, -0.28, 0.001, **kw)[0] is Verdict.UNCHANGED
+    latency = dict(tolerance=0.5, alpha=0.05, higher_is_better=False)
+    assert decide(0.45, 0.40, 0.49, 0.001, **latency)[0] is Verdict.UNCHANGED
+    assert decide(-0.40, -0.45, -0.36, 0.99, **latency)[0] is Verdict.IMPROVED  # beyond −33.3%
+    # error rates (absolute differences) keep a symmetric tolerance in percentage points
+    assert decide(-0.0049, -0.0049, -0.0049, 0.99, tolerance=0.005, alpha=0.05, higher_is_better=False,
+                  absolute=True)[0] is Verdict.UNCHANGED
+
+
 # --------------------------------------------------------------------------- decision and Holm
 
 
@@ -136,7 +168,7 @@ def test_decide_rule_boundaries():
     assert decide(0.10, 0.06, 0.14, 0.06, **kw)[0] is Verdict.INCONCLUSIVE  # not significant
     assert decide(0.03, 0.01, 0.05, 0.01, **kw)[0] is Verdict.UNCHANGED
     verdict, reason = decide(0.03, 0.01, 0.07, 0.01, **kw)
-    assert verdict is Verdict.INCONCLUSIVE and "within the 5% tolerance" in reason
+    assert verdict is Verdict.INCONCLUSIVE and "within the +5% tolerance" in reason
     assert decide(-0.10, -0.14, -0.06, 0.99, **kw)[0] is Verdict.IMPROVED
     # Same numbers for a higher-is-better statistic mirror the verdicts.
     hib = dict(kw, higher_is_better=True)

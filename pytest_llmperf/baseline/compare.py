@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pytest_llmperf.baseline.samples import unpack_samples
+from pytest_llmperf.baseline.samples import pack_samples, unpack_samples
 from pytest_llmperf.baseline.schema import GatedStat, entry_gated_stats
 from pytest_llmperf.fingerprint import Fingerprint, ensure_comparable
 from pytest_llmperf.metrics import censored_percentile
@@ -42,6 +42,7 @@ from pytest_llmperf.stats import (
     effective_sample_size,
     estimate_run_cv,
     headline_from_counts,
+    tolerance_bounds,
 )
 
 if TYPE_CHECKING:
@@ -205,6 +206,27 @@ def precision_floor(entry: Mapping[str, Any], g: GatedStat, *, measured_spread: 
             f"{need} needed for {MIN_BEYOND_PER_TRIAL} beyond the {g.stat}; run longer trials")
 
 
+def shortened(entry: Mapping[str, Any], scale: float) -> Mapping[str, Any]:
+    """What ``entry``'s trials would hold if its workload ran ``scale`` times as long
+    (``--llmperf-duration-scale``, which shortens timed workloads only): each trial's per-request
+    samples cut to the first ⌈scale·n⌉, the summary's sample counts scaled alike. For asking
+    :func:`precision_floor` about a shortened run before it is made; the entry itself when
+    nothing would change."""
+    if scale >= 1 or (entry.get("workload") or {}).get("duration_s") is None:
+        return entry
+
+    def cut(packed: Any) -> Any:
+        series = unpack_samples(packed)
+        keep = math.ceil(series.shape[0] * scale) if series.ndim else None
+        return pack_samples(series[:keep]) if keep is not None else packed
+
+    trials = [{**t, "samples": {m: cut(v) for m, v in (t.get("samples") or {}).items()}}
+              for t in entry.get("trials") or []]
+    summary = {k: ({**v, "count": math.ceil(v["count"] * scale)} if isinstance(v, dict) and isinstance(v.get("count"), int)
+                   else v) for k, v in (entry.get("summary") or {}).items()}
+    return {**entry, "trials": trials, "summary": summary}
+
+
 def _tail_floor(comp: Comparison, g: GatedStat, baseline: Sequence[Mapping[str, Any]],
                 candidate: Mapping[str, Any]) -> Comparison:
     """A percentile needs about MIN_TAIL_SAMPLES samples beyond it (pooled over a side's trials):
@@ -348,7 +370,7 @@ def bonferroni(c: Comparison, m: int) -> Comparison:
         return c
     p = min(1.0, c.p_value * m)
     verdict, reason = decide(c.change, c.ci_low, c.ci_high, p, tolerance=c.tolerance, alpha=c.alpha,
-                             higher_is_better=c.higher_is_better)
+                             higher_is_better=c.higher_is_better, absolute=c.mode == "counts")
     return dataclasses.replace(c, p_adjusted=p, verdict=verdict, reason=reason)
 
 
@@ -372,7 +394,9 @@ def compare_capacity(key: str, baseline: Mapping[str, Any], candidate: Mapping[s
     ``hi`` (within its ``precision``); that bracket is the uncertainty. REGRESSED when the
     candidate's whole bracket lies below the baseline's lower end by more than the tolerance,
     IMPROVED the mirror, UNCHANGED when the brackets agree within the tolerance, INCONCLUSIVE
-    otherwise. The decision has no p-value, so Holm's correction leaves it as it is.
+    otherwise; the tolerance is symmetric on the log scale, as for every statistic
+    (:func:`~pytest_llmperf.stats.tolerance_bounds`). The decision has no p-value, so Holm's
+    correction leaves it as it is.
     """
     allowed = ensure_comparable(Fingerprint.from_dict(baseline["fingerprint"]),
                                 Fingerprint.from_dict(candidate["fingerprint"]), allow)
@@ -398,11 +422,12 @@ def compare_capacity(key: str, baseline: Mapping[str, Any], candidate: Mapping[s
     c_hi = c_hi or c_lo
     change = c_lo / b_lo - 1.0
     ci_low, ci_high = c_lo / b_hi - 1.0, c_hi / b_lo - 1.0
-    if ci_high < -tolerance:
+    low, high = tolerance_bounds(tolerance)
+    if ci_high < low:
         verdict, reason = Verdict.REGRESSED, ""
-    elif ci_low > tolerance:
+    elif ci_low > high:
         verdict, reason = Verdict.IMPROVED, ""
-    elif ci_low >= -tolerance and ci_high <= tolerance:
+    elif ci_low >= low and ci_high <= high:
         verdict, reason = Verdict.UNCHANGED, ""
     else:
         verdict, reason = Verdict.INCONCLUSIVE, "the search brackets overlap the tolerance; a finer precision would settle it"

@@ -44,6 +44,7 @@ from pytest_llmperf.baseline.compare import (
     compare_entries,
     headline,
     precision_floor,
+    shortened,
     trial_stat,
 )
 from pytest_llmperf.baseline.history import change_points, recent_shift, session_value
@@ -467,18 +468,22 @@ class GateSession:
     def failures(self) -> list[tuple[RunComparison, Comparison]]:
         return [(r, c) for r in self.runs for c in r.regressions(self.settings.strict)]
 
-    def reach(self, in_session: Callable[[str], bool]) -> list[str]:
+    def reach(self, in_session: Callable[[str], bool], *, duration_scale: float = 1.0) -> list[str]:
         """Before any load: the statistics of the selected tests this baseline cannot judge, and
-        those whose smallest detectable change is beyond twice the tolerance, one line each."""
+        those whose smallest detectable change is beyond twice the tolerance, one line each.
+        ``duration_scale`` below 1: the precision floors of runs that much shorter (smoke runs,
+        :func:`~pytest_llmperf.baseline.compare.shortened`), as the gate applies them to the
+        candidate's trials too."""
         lines = []
         for key, entries in self.baseline.items():
             if not entries or is_capacity(entries[0]) or not in_session(node_of(key)):
                 continue
             entry = entries[0]
             name = node_of(key).split("::")[-1]
+            short = shortened(entry, duration_scale)
             for g in entry_gated_stats(entry):
                 model = self.model.stats.get((key, g.key)) if self.model is not None else None
-                floor = precision_floor(entry, g, measured_spread=model is not None)
+                floor = precision_floor(short, g, measured_spread=model is not None)
                 if floor is not None:
                     lines.append(f"{name}: {floor}")
                     continue

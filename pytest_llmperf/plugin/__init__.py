@@ -19,6 +19,7 @@ from pytest_llmperf.plugin.fixtures import llm_server, llmperf
 from pytest_llmperf.plugin.hooks import (
     pytest_collection_modifyitems,
     pytest_configure_node,
+    pytest_load_initial_conftests,
     pytest_runtest_call,
     pytest_runtest_makereport,
     pytest_sessionfinish,
@@ -85,6 +86,7 @@ __all__ = [
     "pytest_collection_modifyitems",
     "pytest_configure",
     "pytest_configure_node",
+    "pytest_load_initial_conftests",
     "pytest_runtest_call",
     "pytest_runtest_makereport",
     "pytest_sessionfinish",

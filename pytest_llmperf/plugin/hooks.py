@@ -4,11 +4,14 @@ session (and everything heavy) is created only when a collected test uses ``llmp
 
 from __future__ import annotations
 
+import copy
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_llmperf.cli.options import OPTIONS
 from pytest_llmperf.errors import LLMPerfError
 from pytest_llmperf.plugin import distributed
 from pytest_llmperf.plugin.lazy import get_session
@@ -16,6 +19,71 @@ from pytest_llmperf.plugin.state import PERF_KEY, SLO_KEY, existing_session, is_
 
 if TYPE_CHECKING:
     from collections.abc import Generator
+
+
+# The plugin's options that take a value, as pytest's first parse cannot know them.
+_VALUE_FLAGS = frozenset(spec.cli for spec in OPTIONS if not spec.flag)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]) -> None:
+    """``--llmperf-store DIR`` (two arguments) must mean what ``--llmperf-store=DIR`` means.
+
+    pytest finds its rootdir and ini file from the arguments that look like paths, in a parse made
+    before plugins installed through entry points have registered their options: to that parse
+    ``--llmperf-store`` is an unknown flag and DIR a path to test, so an existing DIR outside the
+    project moves the rootdir (test ids change) and can lose the project's ini file. This is the
+    first hook after the plugin's options are registered and before anything is collected (or a
+    conftest loaded): the rootdir and ini file are found again with the values consumed and, where
+    they differ, put in place with what pytest had already taken from the ini file (addopts and
+    their ``-p`` plugins, pythonpath, the conftest cut-off directory).
+    """
+    if not _VALUE_FLAGS.intersection(args):
+        return  # nothing to redo: no option of ours took a separate value
+    old_addopts = list(early_config.getini("addopts"))
+    given = args[len(old_addopts):] if args[:len(old_addopts)] == old_addopts else list(args)
+    ns = parser.parse_known_args(given)
+    try:
+        from _pytest.config.findpaths import determine_setup
+
+        kwargs: dict[str, Any] = dict(inifile=ns.inifilename, args=ns.file_or_dir, rootdir_cmd_arg=ns.rootdir or None,
+                                      invocation_dir=early_config.invocation_params.dir)
+        if hasattr(ns, "override_ini"):
+            kwargs["override_ini"] = ns.override_ini
+        try:
+            rootpath, inipath, inicfg = determine_setup(**kwargs)[:3]
+        except TypeError:  # pytest < 9: no override_ini parameter
+            kwargs.pop("override_ini", None)
+            rootpath, inipath, inicfg = determine_setup(**kwargs)[:3]
+    except (ImportError, TypeError, AttributeError):  # pytest's internals moved: say what works
+        flag = sorted(_VALUE_FLAGS.intersection(args))[0]
+        early_config.issue_config_time_warning(pytest.PytestConfigWarning(
+            f"llmperf: cannot check the rootdir with this pytest; write {flag}=VALUE (one argument), "
+            "as pytest may take a separate VALUE for a path to test and root the session there"), stacklevel=2)
+        return
+    if rootpath == early_config.rootpath and inipath == early_config.inipath:
+        return
+    ini_moved = inipath != early_config.inipath
+    old_pythonpath = [str(p) for p in early_config.getini("pythonpath")]
+    early_config._rootpath = rootpath
+    early_config._inipath = inipath
+    setattr(early_config, "_inicfg" if hasattr(early_config, "_inicfg") else "inicfg", inicfg)
+    early_config._inicache.clear()
+    parser.extra_info["rootdir"] = str(rootpath)
+    parser.extra_info["inifile"] = str(inipath)
+    if ini_moved:
+        # What pytest took from the wrong ini file before any plugin loaded, taken from the right one.
+        for path in old_pythonpath:
+            if path in sys.path:
+                sys.path.remove(path)
+        for path in reversed(early_config.getini("pythonpath")):
+            sys.path.insert(0, str(path))
+        addopts = list(early_config.getini("addopts"))
+        args[:] = addopts + given
+        early_config.pluginmanager.consider_preparse(addopts, exclude_only=False)
+        early_config.known_args_namespace = parser.parse_known_args(args, namespace=copy.copy(early_config.option))
+    if parser.parse_known_args(args).confcutdir is None:  # pytest derived it from the rootdir or ini file
+        early_config.known_args_namespace.confcutdir = str(inipath.parent if inipath is not None else rootpath)
 
 
 @pytest.hookimpl(trylast=True)

@@ -258,9 +258,19 @@ class LLMPerfSession:
                                               session_ids=[run.run_id for run in history.runs],
                                               prior_session_cv=opts.session_cv)
         self.gate.plan(lambda nodeid: nodeid in selected_tests)
-        self.reach_notes = self.gate.reach(lambda nodeid: nodeid in selected_tests)
-        if self.reach_notes and tr is not None:
+        scale = opts.duration_scale
+        self.reach_notes = self.gate.reach(lambda nodeid: nodeid in selected_tests, duration_scale=min(scale, 1.0))
+        if tr is not None and scale < 1:
+            # Smoke runs against a baseline: say what they cannot judge, once. The floors assume the
+            # baseline was measured at full length (how CI saves it); its entries do not say.
+            tr.write_line(f"llmperf: --llmperf-duration-scale {scale:g} is for checking that a suite runs, not for gating: "
+                          f"shortened timed workloads are not those of a full-length baseline such as {opts.baseline!r} "
+                          "(not comparable unless --llmperf-allow-diff workload_hash), and at "
+                          + (f"{scale:g}x that length the gate cannot judge, before any load:" if self.reach_notes else
+                             f"{scale:g}x that length it could still judge every statistic"))
+        elif self.reach_notes and tr is not None:
             tr.write_line(f"llmperf: what the gate can judge against {opts.baseline!r}, before any load:")
+        if tr is not None:
             for line in self.reach_notes:
                 tr.write_line(f"  {line}")
 

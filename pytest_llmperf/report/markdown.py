@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_llmperf.formatting import fmt_pct, fmt_value
+from pytest_llmperf.formatting import fmt_pct, fmt_tolerance, fmt_value
 from pytest_llmperf.report.document import against
-from pytest_llmperf.stats import Comparison
+from pytest_llmperf.stats import Comparison, tolerance_bounds
 
 GITHUB_COMMENT_LIMIT = 65_536
 PLOTS_MISSING_NOTE = "plots skipped: pip install pytest-llmperf[plots]"
@@ -300,9 +300,11 @@ def _context_line(doc: Mapping[str, Any]) -> str:
             bits.append(f"{FAIL} **stopped, no verdict**: {reference['stopped']}")
     elif baseline:
         bits.append(f"baseline `{baseline.get('name')}`" + (f" ({baseline['source']})" if baseline.get("source") else ""))
-    first = next((v for _, r in iter_runs(doc) for v in r.get("verdicts") or []), None)
+    # An error rate's tolerance is in percentage points of its own baseline rate: not the session's.
+    first = next((v for _, r in iter_runs(doc) for v in r.get("verdicts") or [] if v.get("mode") != "counts"), None)
     if first is not None and isinstance(first.get("alpha"), (int, float)) and isinstance(first.get("tolerance"), (int, float)):
-        bits.append(f"tolerance {first['tolerance'] * 100:g}%, α = {first['alpha']:g} "
+        low, high = tolerance_bounds(first["tolerance"])
+        bits.append(f"tolerance {fmt_tolerance(low)} … {fmt_tolerance(high)}, α = {first['alpha']:g} "
                     f"({(1 - 2 * first['alpha']) * 100:g}% intervals)")
     if is_strict(doc):
         bits.append("strict: inconclusive fails")
