@@ -132,7 +132,7 @@ class TraceScan:
     rows: int
     span_s: float
     lines: int
-    digest: str = ""
+    digest: str
 
 
 def _length(path: str, line: int, field: str, value: Any, minimum: int) -> int:
