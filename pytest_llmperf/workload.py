@@ -20,7 +20,9 @@ import numpy as np
 from pytest_llmperf.errors import InputError
 from pytest_llmperf.traffic.conversations import ConversationSpec
 from pytest_llmperf.traffic.datasets import DatasetSpec
+from pytest_llmperf.traffic.datasets import digest as dataset_digest
 from pytest_llmperf.traffic.traces import TraceSpec
+from pytest_llmperf.traffic.traces import scan as scan_trace
 
 ARRIVALS = ("poisson", "gamma", "constant")
 CACHE_STATES = ("cold", "warm")
@@ -439,12 +441,34 @@ class Workload:
     def content_hash(self) -> str:
         """Hash of the traffic's *distribution* for fingerprints: not names, trial counts, where the
         load is sent from (workers, Ray) or the seed (two seeds draw two samples of the same
-        traffic, which is what an A/A run is)."""
+        traffic, which is what an A/A run is).
+
+        A trace or dataset enters by its *content*, not its path: the digest of the rows it sends
+        (``traces.scan``: the rows in the window, with their times, lengths and hash ids;
+        ``datasets.digest``: every usable row), read in one streaming pass each time this is
+        called (no cache: a file rewritten in place must not keep its old identity). The same file
+        at another path (a test's ``tmp_path``, another checkout) is the same traffic; a row changed
+        at the same path is not. A file that cannot be read fails with the reader's error naming
+        the file, the line and the field. (Conversations take no file: their spec is the content.)
+        """
         data = self.to_dict()
         for key in ("name", "trials", "workers", "ray_address", "ray_workers", "seed"):
             data.pop(key, None)
+        if self.trace is not None:
+            data["trace"] = _by_content(data["trace"], self.trace.resolved_format, scan_trace(self.trace).digest)
+        if self.dataset is not None:
+            data["dataset"] = _by_content(data["dataset"], self.dataset.resolved_format,
+                                          dataset_digest(self.dataset))
         blob = json.dumps(data, sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _by_content(spec: Mapping[str, Any], fmt: str, digest: str) -> dict[str, Any]:
+    """A file spec as hashed: the path replaced by the digest of the rows it sends; the format
+    resolved (``auto`` on a ``.jsonl`` reads what ``mooncake`` reads)."""
+    out = {k: v for k, v in spec.items() if k != "path"}
+    out.update(format=fmt, rows=digest)
+    return out
 
 
 def _spec_label(dist: LengthDist) -> str:

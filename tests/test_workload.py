@@ -1,8 +1,11 @@
 import dataclasses
+import json
 
 import numpy as np
 import pytest
 
+from pytest_llmperf.traffic.datasets import DatasetError
+from pytest_llmperf.traffic.traces import TraceError
 from pytest_llmperf.workload import LengthDist, Workload, WorkloadError, load_workload, load_workloads
 
 
@@ -120,3 +123,129 @@ def test_yaml_syntax_error_and_missing_file(tmp_path):
         load_workload(f)
     with pytest.raises(WorkloadError, match="cannot read"):
         load_workload(tmp_path / "nope.yaml")
+
+
+# ---------------------------------------------------------------------- identity of file traffic
+
+
+def test_content_hash_of_synthetic_traffic_is_what_saved_baselines_hold():
+    # Hashing files by content must not move the hash of workloads without files: every baseline
+    # saved before would stop being comparable.
+    assert Workload(rate_rps=1, duration_s=1).content_hash() == "e964af50de484f9d"
+    conv = Workload(input_tokens=512, concurrency=4, num_requests=10, conversation={"turns": 3})
+    assert conv.content_hash() == "38e43604b00cd95c"
+
+
+def _mooncake_lines(n=12, gap_ms=500):
+    return [{"timestamp": i * gap_ms, "input_length": 600 + i, "output_length": 20 + i, "hash_ids": [i % 3, 100 + i]}
+            for i in range(n)]
+
+
+def _write_jsonl(path, lines, blank_every=0):
+    text = ""
+    for i, line in enumerate(lines):
+        text += json.dumps(line) + "\n"
+        if blank_every and i % blank_every == 0:
+            text += "\n"
+    path.write_text(text)
+    return str(path)
+
+
+def _trace_hash(path, **spec):
+    return Workload(trace=dict(spec, path=str(path))).content_hash()
+
+
+def test_a_trace_is_known_by_its_rows_not_its_path(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    lines = _mooncake_lines()
+    first = _write_jsonl(tmp_path / "a" / "trace.jsonl", lines)
+    # Another directory, another name, blank lines (other line numbers), the format spelled out.
+    second = _write_jsonl(tmp_path / "b" / "prod.ndjson", lines, blank_every=3)
+    assert _trace_hash(first) == _trace_hash(second, format="mooncake")
+    assert _trace_hash(first, speedup=2) == _trace_hash(second, speedup=2)
+    assert _trace_hash(first) != _trace_hash(first, speedup=2)  # the replay clock is part of the traffic
+
+
+@pytest.mark.parametrize("field, value", [("input_length", 601), ("output_length", 99), ("hash_ids", [1, 7]),
+                                          ("timestamp", 2600)])
+def test_one_changed_row_of_a_trace_changes_its_hash_at_the_same_path(tmp_path, field, value):
+    path = tmp_path / "trace.jsonl"
+    lines = _mooncake_lines()
+    _write_jsonl(path, lines)
+    before = _trace_hash(path)
+    lines[5] = dict(lines[5], **{field: value})
+    _write_jsonl(path, lines)  # same path, same size for most fields: only the content tells
+    assert _trace_hash(path) != before
+
+
+def test_rows_outside_the_trace_window_do_not_change_its_hash(tmp_path):
+    path = tmp_path / "trace.jsonl"
+    lines = _mooncake_lines(n=20)  # rows at 0, 0.5, ..., 9.5 s
+    _write_jsonl(path, lines)
+    window = {"window": [2.0, 6.0]}
+    before = _trace_hash(path, **window)
+    changed = list(lines)
+    changed[1] = dict(lines[1], input_length=5000, hash_ids=[9])  # 0.5 s: before the window
+    changed[15] = dict(lines[15], output_length=1)  # 7.5 s: after it
+    changed[19] = "not even JSON"  # after the window: never read
+    path.write_text("".join((c if isinstance(c, str) else json.dumps(c)) + "\n" for c in changed))
+    assert _trace_hash(path, **window) == before
+    changed[8] = dict(lines[8], output_length=1)  # 4 s: inside it
+    path.write_text("".join((c if isinstance(c, str) else json.dumps(c)) + "\n" for c in changed))
+    assert _trace_hash(path, **window) != before
+
+
+def test_an_azure_trace_is_known_by_its_rows(tmp_path):
+    header = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+    rows = [f"2023-11-16 18:15:{10 + i:02d}.5000000,{300 + i},{i}\n" for i in range(8)]
+    (tmp_path / "a.csv").write_text(header + "".join(rows))
+    (tmp_path / "b.csv").write_text(header + "".join(rows))
+    assert _trace_hash(tmp_path / "a.csv") == _trace_hash(tmp_path / "b.csv")
+    rows[3] = "2023-11-16 18:15:13.5000000,999,3\n"
+    (tmp_path / "b.csv").write_text(header + "".join(rows))
+    assert _trace_hash(tmp_path / "a.csv") != _trace_hash(tmp_path / "b.csv")
+
+
+def _dataset_hash(path, **spec):
+    return Workload(rate_rps=1, duration_s=1, dataset=dict(spec, path=str(path))).content_hash()
+
+
+def test_a_dataset_is_known_by_its_rows_not_its_path(tmp_path):
+    rows = [{"prompt": f"question {i}", "output_tokens": 10 + i} for i in range(6)]
+    rows.append({"messages": [{"role": "system", "content": "brief"}, {"role": "user", "content": "why"}]})
+    first = _write_jsonl(tmp_path / "one.jsonl", rows)
+    second = _write_jsonl(tmp_path / "two.jsonl", rows, blank_every=2)
+    assert _dataset_hash(first) == _dataset_hash(second)
+    assert _dataset_hash(first) != _dataset_hash(first, max_input_tokens=100)  # the filters are part of it
+    for i, change in ((2, {"prompt": "question 2?"}), (4, {"output_tokens": 99}),
+                      (6, {"messages": [{"role": "user", "content": "why"}]})):
+        edited = list(rows)
+        edited[i] = dict(rows[i], **change)
+        _write_jsonl(tmp_path / "two.jsonl", edited)
+        assert _dataset_hash(second) != _dataset_hash(first), change
+
+
+def test_a_sharegpt_dataset_skips_what_it_cannot_send(tmp_path):
+    chat = [{"conversations": [{"from": "human", "value": "tell me"}, {"from": "gpt", "value": "one two three"}]}]
+    orphan = [{"conversations": [{"from": "gpt", "value": "no question"}]}]
+    (tmp_path / "a.json").write_text(json.dumps(chat))
+    (tmp_path / "b.json").write_text(json.dumps(orphan + chat + orphan))
+    assert _dataset_hash(tmp_path / "a.json") == _dataset_hash(tmp_path / "b.json")
+    # The reply sets the answer length, so it is part of what is sent.
+    chat[0]["conversations"][1]["value"] = "one two three four"
+    (tmp_path / "b.json").write_text(json.dumps(chat))
+    assert _dataset_hash(tmp_path / "a.json") != _dataset_hash(tmp_path / "b.json")
+
+
+def test_a_corrupt_file_fails_the_hash_with_the_readers_message(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps(_mooncake_lines(1)[0]) + "\n{not json\n")
+    with pytest.raises(TraceError, match=r"t.jsonl:2: not valid JSON"):
+        _trace_hash(trace)
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "ok"}\n{"prompt": "hi", "output_tokens": -4}\n')
+    with pytest.raises(DatasetError, match=r"d.jsonl:2: field 'output_tokens': must be at least 1, got -4"):
+        _dataset_hash(data)
+    with pytest.raises(TraceError, match=r"gone.jsonl: cannot read trace file"):
+        _trace_hash(tmp_path / "gone.jsonl")

@@ -15,10 +15,18 @@ has it, else with the calibrated word model), drops rows outside ``[min_input_to
 max_input_tokens]`` or whose answer exceeds ``max_output_tokens``, and shuffles the rest with the
 workload's seed; request i uses row ``order[i mod n]``. At most ``max_rows`` rows (a seeded
 sample) are read into the run.
+
+Identity: :func:`digest` is SHA-256 over every usable row in file order (its prompt or messages,
+its ``output_tokens`` and, for ShareGPT, the reference answer), so a run's fingerprint names the
+dataset by its content, not its path. Rows the reader skips (blank lines, ShareGPT conversations
+without a human turn) do not enter it. The length filters need the server's token counts, so
+they cannot be applied here: their limits enter the fingerprint with the spec instead, and every
+usable row is digested (a change to a row the filters would drop still counts as a change).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Mapping
@@ -213,16 +221,34 @@ def _arrow(spec: DatasetSpec) -> list[DatasetRow]:
     return [_row(spec, i, obj) for i, obj in enumerate(table.to_pylist(), 1)]
 
 
-def read_dataset(spec: DatasetSpec, seed: int = 0) -> list[DatasetRow]:
-    """All usable rows (validated), or a seeded sample of ``max_rows`` of them."""
+def _usable(spec: DatasetSpec) -> list[DatasetRow]:
     fmt = spec.resolved_format
     rows = _sharegpt(spec) if fmt == "sharegpt" else _jsonl(spec) if fmt == "jsonl" else _arrow(spec)
     if not rows:
         raise DatasetError(f"{spec.path}: no usable row (no prompt in the file)")
+    return rows
+
+
+def read_dataset(spec: DatasetSpec, seed: int = 0) -> list[DatasetRow]:
+    """All usable rows (validated), or a seeded sample of ``max_rows`` of them."""
+    rows = _usable(spec)
     if len(rows) > spec.max_rows:
         pick = np.sort(np.random.default_rng([seed, 17]).choice(len(rows), size=spec.max_rows, replace=False))
         rows = [rows[i] for i in pick]
     return rows
+
+
+def digest(spec: DatasetSpec) -> str:
+    """Hex SHA-256 of every usable row, in file order (the dataset's content identity; the row
+    numbers are left out: a blank line moves them without changing what is sent). Reads and
+    validates the file like :func:`read_dataset`, with the same errors."""
+    out = hashlib.sha256()
+    for row in _usable(spec):
+        # One JSON array per row: a prompt and a one-message chat of the same text stay apart.
+        out.update(json.dumps([row.prompt, row.messages, row.output_tokens, row.output_text],
+                              sort_keys=True, default=str).encode())
+        out.update(b"\n")
+    return out.hexdigest()
 
 
 def select(spec: DatasetSpec, rows: list[DatasetRow], prompt_tokens: list[int], output_tokens: list[int | None],

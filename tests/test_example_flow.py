@@ -1,0 +1,66 @@
+"""The README's gate flow on example_suites/, end to end: save `main`, then gate the same code
+against it (A/A). Every gated test must be compared and judged, none refused as "not comparable".
+
+The example suites write their trace and dataset files under pytest's ``tmp_path``, another
+directory in every session, so this also holds the workload fingerprint to the files' content
+(a hash of the path made every saved `main` incomparable for those tests).
+
+Sized for a shared 2-core machine: the README's smoke scale, ``--llmperf-duration-scale 0.3``,
+and one trial per workload (about 90 s a session against the simulator). Trace replays and the
+1,024-token long-generation wave do not scale with it. At 0.2 the cold long-context test draws 5
+requests whose TTFT p50 (~735 ms) breaks its absolute 600 ms SLO in both sessions, so 0.3 it is.
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "example_suites"
+# Perf tests of the suites, each gated against `main` (test_capacity gates its capacity).
+GATED = {
+    "test_prefill_capacity", "test_long_context[cold]", "test_long_context[warm]", "test_long_generation[cold]",
+    "test_long_generation[warm]", "test_production_mix", "test_reasoning_time_to_visible_answer",
+    "test_short_chat[cold]", "test_short_chat[warm]", "test_trace_replay[mooncake]", "test_trace_replay[azure]",
+    "test_dataset_prompts", "test_multi_turn_chat", "test_cache_hit_target", "test_ramp_with_concurrency_cap",
+}
+
+
+@pytest.mark.integration
+def test_save_main_then_gate_the_same_code_against_it(pytester):
+    shutil.copytree(EXAMPLES, pytester.path / "example_suites",
+                    ignore=shutil.ignore_patterns("__pycache__", ".llmperf", ".pytest_cache"))
+    store = pytester.path / "store"
+    common = ("example_suites/", f"--llmperf-store={store}", "--llmperf-duration-scale", "0.3",
+              "--llmperf-trials", "1", "-p", "no:cacheprovider")
+
+    saved = pytester.runpytest_subprocess(*common, "--llmperf-save", "main",
+                                          "--llmperf-report-dir", str(pytester.path / "saved"), timeout=400)
+    saved.stdout.fnmatch_lines(["saved baseline 'main': *"])
+    assert len(list((store / "baselines" / "main").glob("*.json.gz"))) == 1
+
+    report_dir = pytester.path / "gated"
+    gated = pytester.runpytest_subprocess(*common, "--llmperf-baseline", "main", "--llmperf-report-dir",
+                                          str(report_dir), timeout=400)
+    out = gated.stdout.str()
+    refused = [line for line in out.splitlines() if "not comparable" in line or "no baseline named" in line]
+    assert not refused, "\n".join(refused)
+    assert gated.ret == 0, out[-6000:]
+    gated.assert_outcomes(passed=len(GATED))
+
+    doc = json.loads((report_dir / "llmperf.json").read_text())
+    assert doc["baseline"] is not None
+    tests = {t["name"]: t for t in doc["tests"]}
+    assert set(tests) == GATED
+    for name, test in tests.items():
+        assert test["outcome"] == "passed", name
+        assert test["runs"], f"{name}: no run recorded"
+        for run in test["runs"]:
+            assert run["gate_error"] is None, f"{name}: {run['gate_error']}"
+            # Judged against main: at least one verdict per run (UNCHANGED or INCONCLUSIVE at these
+            # sizes; statistics too short to judge read NOT_GATED, which is a verdict too).
+            assert run["verdicts"], f"{name}: no verdict"
+            assert any(v["verdict"] != "not_gated" for v in run["verdicts"]), f"{name}: {run['verdicts']}"
+    # The same code: nothing regressed.
+    assert doc["counts"]["regressed"] == 0, doc["counts"]
