@@ -142,7 +142,7 @@ class GateSession:
     @classmethod
     def from_sessions(cls, sessions: Sequence[Mapping[str, SavedEntry]], settings: GateSettings | None = None, *,
                       session_ids: Sequence[str] | None = None, change_alpha: float | None = 0.01,
-                      prior_session_cv: float = PRIOR_SESSION_CV, recent_alpha: float = 0.05) -> GateSession:
+                      prior_session_cv: float = PRIOR_SESSION_CV, recent_alpha: float = 0.1) -> GateSession:
         """The gate against main's history: ``sessions`` are saved sessions' ``tests`` (newest
         first). Per run key, only sessions measured on the newest one's setup are pooled (the
         others are named in :attr:`notes`), and only since the last change point of any of its
@@ -575,7 +575,8 @@ def _recent_cuts(matching: Mapping[str, Sequence[tuple[int, SavedEntry]]], *, al
     Two kinds of move are tested (:func:`~pytest_llmperf.baseline.history.recent_shift`): the
     whole server (the session-wide shift, the median over every statistic of every key of its
     oriented log deviation, which cuts every key) and one statistic beyond that shift (which cuts
-    its key). Bonferroni over every series tested."""
+    its key). Half of ``alpha`` for the first, half for the second, Bonferroni over its series.
+    Two-sided: an improvement moves history too."""
     series: dict[tuple[str, str], dict[int, float]] = {}
     for key, rows in matching.items():
         if not rows or is_capacity(rows[0][1]):
@@ -593,12 +594,12 @@ def _recent_cuts(matching: Mapping[str, Sequence[tuple[int, SavedEntry]]], *, al
     centred = {n: {i: y - float(np.mean(list(v.values()))) for i, y in v.items()} for n, v in series.items()}
     sessions = sorted({i for v in centred.values() for i in v}, reverse=True)  # oldest first
     shift = {i: float(np.median([v[i] for v in centred.values() if i in v])) for i in sessions}
-    family = len(series) + 1
-    whole, _ = recent_shift([shift[i] for i in sessions], alpha=alpha, family=family)
+    # Half of α for the whole server's move, half shared by the statistics' own moves.
+    whole, _ = recent_shift([shift[i] for i in sessions], alpha=alpha / 2)
     cuts: dict[str, int] = {}
     for (key, _stat), v in centred.items():
         order = [i for i in sessions if i in v]
-        r, _ = recent_shift([v[i] - shift[i] for i in order], alpha=alpha, family=family)
+        r, _ = recent_shift([v[i] - shift[i] for i in order], alpha=alpha / 2, family=len(series))
         newest = [i for i in sessions if i in v][::-1]  # newest first
         cut_sessions = {i for i in newest[:r]} if r else set()
         if whole:

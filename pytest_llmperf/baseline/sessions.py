@@ -29,10 +29,12 @@ regression leaves the spread between its launches unchanged). The job part is ρ
 s² − w/L_b). With fewer than :data:`MIN_SESSIONS` jobs it is ρ̃² = max(p², ρ̂²) with p the stated
 prior, taken as known (normal quantiles); from :data:`MIN_SESSIONS` jobs on it is shrunk
 towards the prior with ν₀ = :data:`PRIOR_DF` pseudo-degrees of freedom, ρ̃² = ((K − 1)ρ̂² +
-ν₀ p²) / (K − 1 + ν₀). p is :data:`PRIOR_RUNNER_CV` (the
-runner part beyond launches) when launches are measured, else the prior session spread
-(``prior_session_cv``, default :data:`PRIOR_SESSION_CV`, a setting: ``--llmperf-session-cv``),
-which then stands for the whole session. The prior is external, so its pseudo-degrees of
+ν₀ p²) / (K − 1 + ν₀). p is the prior session spread (``prior_session_cv``, default
+:data:`PRIOR_SESSION_CV`, a setting: ``--llmperf-session-cv``) where it stands for the whole
+session (no launches measured), and :data:`RUNNER_SHARE` of it for the runner part beyond
+launches where launches are measured (one job's launches cannot see how another runner
+differs; history measures it from three jobs on); for the specific parts, whose runner share
+is what a runner does to one statistic beyond the shift it gives all, :data:`SPECIFIC_RUNNER_SHARE`. The prior is external, so its pseudo-degrees of
 freedom count once; a statistic's total spread never borrows from the other statistics of the
 same sessions (they share the session effect, so they are not independent evidence). Only the
 specific parts, which are independent across statistics once the shift is removed, are pooled
@@ -82,7 +84,8 @@ if TYPE_CHECKING:
 MIN_SESSIONS = 3  # main sessions that measure the job-level spread well enough to say so
 PRIOR_DF = 3  # pseudo-degrees of freedom of a stated prior
 PRIOR_SESSION_CV = 0.05  # session spread assumed before anything measured it (a setting)
-PRIOR_RUNNER_CV = 0.01  # runner spread beyond launches assumed before history measured it
+RUNNER_SHARE = 0.5  # the runner part beyond launches, as a share of the prior session spread
+SPECIFIC_RUNNER_SHARE = 0.2  # ... and of a statistic beyond the runner's shared part
 FLOOR_CV = 0.003
 MAX_POOLED_DF = 20  # most degrees of freedom the specific part borrows from its peers
 _FLOOR_VAR = math.log1p(FLOOR_CV * FLOOR_CV)
@@ -332,9 +335,11 @@ def launch_shifts(rows: Mapping[tuple[str, str], Sequence[float]]) -> list[float
 
 
 def estimate(sessions: Sequence[Mapping[tuple[str, str], SessionLogs]], *, prior_cv: float = PRIOR_SESSION_CV,
-             signs: Mapping[tuple[str, str], float] | None = None, runner_cv: float = PRIOR_RUNNER_CV) -> SessionModel:
+             signs: Mapping[tuple[str, str], float] | None = None, runner_cv: float | None = None) -> SessionModel:
     """Fit the model to the baseline's sessions (each maps (key, stat) to that session's logs);
-    ``signs`` orient each statistic (+1: higher is worse; default +1)."""
+    ``signs`` orient each statistic (+1: higher is worse; default +1); ``runner_cv`` defaults to
+    :data:`RUNNER_SHARE` × ``prior_cv``."""
+    runner_cv = RUNNER_SHARE * prior_cv if runner_cv is None else runner_cv
     signs = dict(signs or {})
     names = sorted({name for s in sessions for name in s})
     prior_var, runner_var, floor_var = _log_var(prior_cv), _log_var(runner_cv), _FLOOR_VAR
@@ -356,7 +361,8 @@ def estimate(sessions: Sequence[Mapping[tuple[str, str], SessionLogs]], *, prior
                 tot.append(d[n])
                 spec.append([x - u[i] if i < len(u) else x for i, x in enumerate(d[n])])
         raw[n] = (tot, spec)
-    specific = {n: _component(raw[n][1], prior_var, runner_var) for n in names}
+    specific_runner_var = _log_var(SPECIFIC_RUNNER_SHARE * prior_cv)
+    specific = {n: _component(raw[n][1], prior_var, specific_runner_var) for n in names}
 
     def own_specific(c: Component) -> tuple[float, float] | None:
         """The specific part's launch-level variance (or job-level without launches), with df."""
@@ -459,6 +465,6 @@ def detectable_change(se: float, df: float, *, alpha: float, tolerance: float, p
     return math.expm1(hurdle + _quantile(power, df) * se)
 
 
-__all__ = ["MIN_SESSIONS", "PRIOR_RUNNER_CV", "PRIOR_SESSION_CV", "Component", "SessionLogs", "SessionModel",
+__all__ = ["MIN_SESSIONS", "PRIOR_SESSION_CV", "RUNNER_SHARE", "Component", "SessionLogs", "SessionModel",
            "SessionTest", "StatModel", "cv_of", "detectable_change", "estimate", "launch_shifts", "session_logs",
            "session_tests", "total_test"]
