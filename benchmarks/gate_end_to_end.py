@@ -1,29 +1,38 @@
 """The gate end to end on the simulator's noise model: does it stay green on clean changes and go
 red on real ones, across sessions that are separate launches?
 
-    python benchmarks/gate_end_to_end.py [--main 10] [--aa 20] [--slow 10] [--slowdown 1.15]
-    python benchmarks/gate_end_to_end.py --ab [--aa 20] [--slow 10] [--slowdown 1.10]
+    python benchmarks/gate_end_to_end.py [--main 10] [--launches 1] [--aa 20] [--slow 10] [--slowdown 1.15]
+    python benchmarks/gate_end_to_end.py --main 1 --launches 3 --aa 10 --slow 10     # day one
+    python benchmarks/gate_end_to_end.py --suite e2e_p95 --main 4 --aa 10 --slow 0 --ci
+    python benchmarks/gate_end_to_end.py --ab [--launches 3] [--aa 20] [--slow 10] [--slowdown 1.10]
 
-Every session is a separate pytest run of ``benchmarks/e2e_suite/`` (3 tests, gated on medians
-and goodput) against a freshly launched simulator with ``--launch-jitter 0.03`` (each launch draws
-its own speed, as each CI job gets its own GPU) and ``--step-jitter 0.02``. First ``--main``
-sessions are saved as ``main``; then ``--aa`` sessions run unchanged and ``--slow`` sessions with
-``--slowdown`` are gated against main's history. A session is red when pytest exits non-zero.
+Every session is a separate pytest run of a suite (``--suite``: ``e2e_suite``, 3 tests gated on
+medians and goodput; ``e2e_p95``, one CI-sized test naming ttft_p95 and tpot_p95 at 20 req/s for
+10 s) against simulators launched with ``--launch-jitter 0.03`` (each launch draws its own speed,
+as each CI job gets its own GPU) and ``--step-jitter 0.02``, with the plugin's default trials
+(``--trials`` overrides) and ``--llmperf-launches L`` (the server launched L times per session,
+each launch serving every test). First ``--main`` sessions are saved as ``main``; then ``--aa``
+sessions run unchanged and ``--slow`` sessions with ``--slowdown`` are gated against main's
+history. A session is red when pytest exits non-zero. ``--ci`` sets ``CI=true`` (an invalid run
+or a statistic that cannot be judged then fails). Printed: each session's headline, the red
+counts, and the server launches and start-up seconds per session (from the report document).
 
-Targets (issue "Verdicts that hold across runners and days"): at most 1 of 20 A/A sessions red,
-at least 9 of 10 slowed sessions red, the whole run under 15 minutes on 2 cores. Run it on a
-quiet machine: a loaded machine makes runs invalid (client lag), which the gate reports.
+Targets (issue "Verdicts from the first day"): K = 1 / L = 3: at most 1 of 10 A/A sessions red,
+at least 8 of 10 red at ``--slowdown 1.15``; suite-wide A/B: at most 1 of 20 red, at least 9 of 10
+at 1.10; the p95 suite under CI with main from 4 launches: at most 1 of 10 A/A red, tpot_p95
+judged. Run it on a quiet machine: a loaded machine makes runs invalid (client lag), which the
+gate reports.
 
-``--ab``: paired A/B sessions instead (issue "A/B in one job"): no stored baseline; every session
-launches a candidate and a reference simulator, both with the jitter above, and measures them in
-6 ABBA blocks per test, each block restarting both servers (one GPU: one server at a time). The
-slowed sessions add ``--slowdown`` (default 1.10 here) to the candidate only. Targets: at most 1
-of 20 A/A sessions red, at least 9 of 10 slowed sessions red.
+``--ab``: paired A/B sessions instead: no stored baseline; every session launches a candidate and
+a reference simulator, both with the jitter above, in suite-wide ABBA blocks (``--launches``
+blocks, default 3: launches = 2 × blocks whatever the number of tests). The slowed sessions add
+``--slowdown`` (default 1.10 here) to the candidate only.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -31,28 +40,58 @@ import tempfile
 import time
 from pathlib import Path
 
-SUITE = Path(__file__).resolve().parent / "e2e_suite"
+HERE = Path(__file__).resolve().parent
 JITTER = "--launch-jitter 0.03 --step-jitter 0.02"
+OPTS: argparse.Namespace
 
 
-def session(store: Path, report: Path, *args: str, sim_args: str = JITTER, trials: int = 2) -> tuple[int, str]:
+def session(store: Path, report: Path, *args: str, sim_args: str = JITTER) -> tuple[int, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "GITHUB_STEP_SUMMARY", "CI")}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(SUITE), "--rootdir", str(SUITE),
-           f"--llmperf-store={store}", f"--llmperf-report-dir={report}", "--llmperf-trials", str(trials),
-           "--llmperf-sim-args", sim_args, *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    if OPTS.ci:
+        env["CI"] = "true"
+    suite = HERE / OPTS.suite
+    trials = ["--llmperf-trials", str(OPTS.trials)] if OPTS.trials else []
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(suite), "--rootdir", str(suite),
+           f"--llmperf-store={store}", f"--llmperf-report-dir={report}", *trials,
+           "--llmperf-launches", str(OPTS.launches), "--llmperf-sim-args", sim_args, *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+    LAUNCHES.append(_launches(report))
     return proc.returncode, proc.stdout
+
+
+LAUNCHES: list[tuple[int, float]] = []
+
+
+def _launches(report: Path) -> tuple[int, float]:
+    """(server launches, seconds of start-up) of one session, from its report document."""
+    try:
+        doc = json.loads((report / "llmperf.json").read_text())
+    except (OSError, ValueError):
+        return 0, 0.0
+    launches = doc.get("launches") or {}
+    startup = launches.get("startup_s") or []
+    if isinstance(startup, dict):  # A/B: per side
+        startup = [s for side in startup.values() for s in side]
+    return int(launches.get("count") or len(startup) or 0), float(sum(startup))
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--main", type=int, default=10)
+    parser.add_argument("--main", type=int, default=10, help="main sessions saved (K)")
+    parser.add_argument("--launches", type=int, default=None, help="server launches per session (L; A/B: blocks)")
+    parser.add_argument("--suite", default="e2e_suite", choices=["e2e_suite", "e2e_p95"])
+    parser.add_argument("--trials", type=int, default=None, help="trials per test (default: the plugin's)")
+    parser.add_argument("--ci", action="store_true", help="run every session with CI=true")
     parser.add_argument("--aa", type=int, default=20)
     parser.add_argument("--slow", type=int, default=10)
     parser.add_argument("--slowdown", type=float, default=None, help="default 1.15, or 1.10 with --ab")
     parser.add_argument("--ab", action="store_true", help="paired A/B sessions instead of a stored baseline")
     parser.add_argument("--keep", type=Path, help="keep the store and reports here")
     args = parser.parse_args()
+    global OPTS
+    OPTS = args
+    if args.launches is None:
+        args.launches = 3 if args.ab else 1
     if args.slowdown is None:
         args.slowdown = 1.10 if args.ab else 1.15
     start = time.perf_counter()
@@ -86,7 +125,7 @@ def ab_sessions(args: argparse.Namespace, root: Path, start: float) -> int:
                                (f"slowdown {args.slowdown}", args.slow, f"{JITTER} --slowdown {args.slowdown}")):
         for i in range(n):
             code, out = session(root / "store", root / f"ab-{label.split()[0].replace('/', '')}-{i}",
-                                "--llmperf-ab-sim-args", JITTER, sim_args=sim_args, trials=6)
+                                "--llmperf-ab-sim-args", JITTER, sim_args=sim_args)
             if code not in (0, 1):
                 print(f"A/B session failed (exit {code}):\n{out[-3000:]}")
                 return 2
@@ -104,10 +143,17 @@ def report(results: dict[str, list[int]], args: argparse.Namespace, start: float
     slow_codes = results[f"slowdown {args.slowdown}"]
     slow_red = sum(1 for c in slow_codes if c)
     print()
-    print(f"A/A sessions red:          {aa_red} of {args.aa} (target: at most 1)")
-    print(f"slowdown {args.slowdown} sessions red: {slow_red} of {args.slow} (target: at least 9 of 10)")
-    target = "" if args.ab else " (target: under 15)"
+    print(f"K = {args.main} main session(s), L = {args.launches} launch(es) per session, suite {args.suite}"
+          f"{', CI=true' if args.ci else ''}")
+    print(f"A/A sessions red:          {aa_red} of {args.aa}")
+    print(f"slowdown {args.slowdown} sessions red: {slow_red} of {args.slow}")
+    target = ""
     print(f"wall time:                 {elapsed / 60:.1f} min{target}")
+    gated = LAUNCHES[args.main if not args.ab else 0:]
+    if gated:
+        n = sum(c for c, _ in gated) / len(gated)
+        s = sum(t for _, t in gated) / len(gated)
+        print(f"server launches per gated session: {n:.1f} ({s:.1f} s of start-up)")
     return 0
 
 
