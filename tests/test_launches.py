@@ -5,7 +5,8 @@ the trials; A/B blocks are suite-wide passes too."""
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -18,8 +19,7 @@ from pytest_llmperf.results import RunResult, TrialResult, at_launch, merge_runs
 from pytest_llmperf.servers.pair import CANDIDATE, REFERENCE
 from pytest_llmperf.workload import Workload
 
-if TYPE_CHECKING:
-    from pathlib import Path
+BAD_SERVERS = Path(__file__).with_name("badservers.py")
 
 FAST = ["--llmperf-sim-preset", "tiny", "-p", "no:cacheprovider"]
 
@@ -196,3 +196,26 @@ def test_ab_blocks_are_suite_wide(pytester):
         assert [t["launch"] for t in run["trials"]] == [0, 1]
         assert [t["launch"] for t in run["baseline_trials"]] == [0, 1]
     result.stdout.fnmatch_lines(["A/B blocks: 2 (suite-wide); reference launched 2 time(s)*candidate launched 2 time(s)*"])
+
+
+def test_xdist_refuses_several_launches(pytester):
+    pytester.makepyfile(SUITE)
+    result = pytester.runpytest(*FAST, "-n", "2", "--llmperf-launches", "2")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--llmperf-launches 2 relaunches the server between passes over the whole suite*"
+                                 "without pytest-xdist's -n*"])
+
+
+@pytest.mark.integration
+def test_a_server_that_fails_in_the_first_launch_is_reported_once(pytester):
+    pytester.makepyfile(SUITE)
+    cmd = f"{sys.executable} {BAD_SERVERS} --port {{port}} --startup crash"
+    result = pytester.runpytest(*FAST, "--llmperf-launches", "3", "--llmperf-server", "command",
+                                "--llmperf-server-cmd", cmd, "--llmperf-startup-timeout", "10")
+    out = result.stdout.str()
+    # The first perf test says why (with the log tail), the others that the server failed earlier;
+    # no launch is retried for the passes given up, and the plain test still runs.
+    result.assert_outcomes(passed=1, errors=3)
+    result.stdout.fnmatch_lines(["*CUDA out of memory while loading the bad model*"])
+    assert out.count("server failed to start earlier in this session") == 2
+    assert len(server_logs(pytester.path)) == 1

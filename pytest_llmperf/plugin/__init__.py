@@ -64,6 +64,9 @@ def pytest_configure(config: pytest.Config) -> None:
     except OptionError as exc:
         raise pytest.UsageError(str(exc)) from None
     _check_ray(options.ray_address, options.ray_workers)
+    refused = distributed.passes_refused(config, options.launch_count, options.ab)
+    if refused:
+        raise pytest.UsageError(refused)
     config.stash[OPTIONS_KEY] = options
     distributed.configure(config)
 
