@@ -15,6 +15,7 @@ from pytest_llmperf.baseline.store import BaselineStore
 from pytest_llmperf.cli.options import OptionError, resolve
 from pytest_llmperf.metrics import summarize
 from pytest_llmperf.plugin.passes import LaunchPlan
+from pytest_llmperf.report.writers import validate
 from pytest_llmperf.results import RunResult, TrialResult, at_launch, merge_runs
 from pytest_llmperf.servers.pair import CANDIDATE, REFERENCE
 from pytest_llmperf.workload import Workload
@@ -39,7 +40,7 @@ def test_two(llmperf):
     llmperf.run(Workload(input_tokens=48, **SMALL))
 
 
-@slo(tpot_p50=0.5)
+@slo(tpot_p50=0.5, trials=3)
 def test_three(llmperf):
     llmperf.run(Workload(input_tokens=16, **SMALL))
     llmperf.run(Workload(input_tokens=24, **SMALL))
@@ -130,6 +131,7 @@ def test_two_launches_serve_the_whole_suite(pytester):
     # Two launches for three perf tests (not 2 x 3): one server log each, and the launch record.
     assert len(server_logs(pytester.path)) == 2
     doc = report(pytester.path)
+    validate(doc)  # the report schema knows launches and a trial's launch
     assert doc["launches"]["count"] == 2 and len(doc["launches"]["startup_s"]) == 2
     assert doc["launches"]["total_startup_s"] == pytest.approx(sum(doc["launches"]["startup_s"]), abs=0.01)
     result.stdout.fnmatch_lines(["launches: server launched 2 time(s), start-up * s in all (* s, * s)*"])
@@ -137,9 +139,10 @@ def test_two_launches_serve_the_whole_suite(pytester):
     assert session["launches"]["count"] == 2
     assert len(session["tests"]) == 4  # test_three's two runs keep their own keys
     for key, entry in session["tests"].items():
-        # ceil(2 / 2) = 1 trial per launch, in launch order.
-        assert [t["launch"] for t in entry["trials"]] == [0, 1], key
-        assert [t["index"] for t in entry["trials"]] == [0, 1], key
+        # ceil(2 / 2) = 1 trial per launch, in launch order; test_three asks for 3: ceil(3 / 2) = 2.
+        launches = [0, 0, 1, 1] if "test_three" in key else [0, 1]
+        assert [t["launch"] for t in entry["trials"]] == launches, key
+        assert [t["index"] for t in entry["trials"]] == list(range(len(launches))), key
     summary = (report_dir(pytester.path) / "llmperf-summary.md").read_text()
     assert "2 server launches, start-up" in summary
 
@@ -190,6 +193,7 @@ def test_ab_blocks_are_suite_wide(pytester):
     assert len(server_logs(pytester.path, "server-candidate-")) == 2
     assert len(server_logs(pytester.path, "server-reference-")) == 2
     doc = report(pytester.path)
+    validate(doc)
     assert doc["launches"]["count"] == 4 and doc["launches"]["blocks"] == 2
     assert {side: len(times) for side, times in doc["launches"]["by_side"].items()} == {CANDIDATE: 2, REFERENCE: 2}
     for run in (run for test in doc["tests"] for run in test["runs"]):
@@ -219,3 +223,26 @@ def test_a_server_that_fails_in_the_first_launch_is_reported_once(pytester):
     result.stdout.fnmatch_lines(["*CUDA out of memory while loading the bad model*"])
     assert out.count("server failed to start earlier in this session") == 2
     assert len(server_logs(pytester.path)) == 1
+
+
+@pytest.mark.integration
+def test_a_capacity_search_runs_on_the_last_launch_only(pytester):
+    pytester.makepyfile(
+        """
+        from pytest_llmperf import Workload, slo
+
+        @slo(ttft_p95=0.05, attainment_min=0.9)
+        def test_capacity(llmperf):
+            found = llmperf.capacity(Workload(input_tokens=32, output_tokens=8, rate_rps=8, duration_s=0.5),
+                                     start_rps=8, step_s=0.5, warmup_s=0.1, precision=0.5, max_steps=3)
+            assert found.steps
+        """
+    )
+    result = pytester.runpytest(*FAST, "--llmperf-launches", "2", "--llmperf-save", "main")
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    result.assert_outcomes(passed=1)  # the first pass's quiet run is not reported (nor its skip)
+    assert len(server_logs(pytester.path)) == 2
+    session = saved(pytester.path, "main")
+    (entry,) = session["tests"].values()
+    assert entry["kind"] == "capacity" and session["launches"]["count"] == 2
+    assert "capacity" in result.stdout.str()
