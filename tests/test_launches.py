@@ -246,3 +246,14 @@ def test_a_capacity_search_runs_on_the_last_launch_only(pytester):
     (entry,) = session["tests"].values()
     assert entry["kind"] == "capacity" and session["launches"]["count"] == 2
     assert "capacity" in result.stdout.str()
+
+
+@pytest.mark.integration
+def test_the_launch_record_comes_back_from_xdist_workers(pytester):
+    pytester.makepyfile(SUITE)
+    result = pytester.runpytest(*FAST, "-n", "2", "-k", "test_one or test_plain", "--llmperf-save", "main",
+                                "--llmperf-trials", "2")
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    assert report(pytester.path)["launches"]["count"] == 1
+    assert saved(pytester.path, "main")["launches"]["count"] == 1
+    result.stdout.fnmatch_lines(["launches: server launched 1 time(s)*"])

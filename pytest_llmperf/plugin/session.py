@@ -110,6 +110,7 @@ class LLMPerfSession:
         # Under pytest-xdist, on the controller: what the workers measured (see absorb).
         self.remote_servers: list[str] = []
         self.remote_server: dict[str, Any] | None = None
+        self.remote_launch_times_s: list[float] = []  # the start-up times of the workers' launches
         self.remote_summaries: list[dict[str, list[Any]]] = []
         self.baselines_prepared = False
         self._gpu_info: dict[str, Any] | None = None
@@ -175,16 +176,23 @@ class LLMPerfSession:
     def launch_record(self) -> LaunchRecord | None:
         """The server launches of this session (the candidate's in A/B mode), None when the server
         was not launched here."""
-        if not self.servers.launches or not self.servers.launch_times_s:
+        times = self._launch_times_s()
+        if not times:
             return None
-        times = list(self.servers.launch_times_s)
         return {"count": len(times), "startup_s": [round(t, 3) for t in times]}
+
+    def _launch_times_s(self) -> list[float]:
+        """Start-up times of this session's launches of the (candidate's) server, here or, under
+        pytest-xdist, on the workers."""
+        if not self.servers.launches:
+            return []
+        return list(self.servers.launch_times_s) or list(self.remote_launch_times_s)
 
     def launches_doc(self) -> dict[str, Any] | None:
         """The report document's ``launches``: count and start-up times, total and per launch (per
         side in A/B mode); start-up is never measured as load."""
         sides = {side: list(self.pair.launch_times_s(side)) for side in (CANDIDATE, REFERENCE)} if self.pair else {}
-        times = [t for side_times in sides.values() for t in side_times] if sides else list(self.servers.launch_times_s)
+        times = [t for side_times in sides.values() for t in side_times] if sides else self._launch_times_s()
         if not times:
             return None
         doc: dict[str, Any] = {"count": len(times), "startup_s": [round(t, 3) for t in times],
@@ -248,8 +256,8 @@ class LLMPerfSession:
         """How often the server (A/B mode: each side) was launched and how long start-up took,
         each and in all: time the session spent that is not measured as load."""
         if self.pair is None:
-            times = list(self.servers.launch_times_s)
-            if not times or not self.servers.launches:
+            times = self._launch_times_s()
+            if not times:
                 return None
             each = ", ".join(f"{t:.1f} s" for t in times)
             return f"server launched {len(times)} time(s), start-up {sum(times):.1f} s in all ({each})"
@@ -407,6 +415,7 @@ class LLMPerfSession:
             "outcomes": self.outcomes,
             "server": self._server_doc(info),
             "server_line": info.describe() if info is not None else None,
+            "launch_times_s": list(self.servers.launch_times_s) if self.servers.launches else [],
             "summary": summary_lines(self),
         }
         return json.dumps(payload, default=_plain_json)
@@ -424,6 +433,7 @@ class LLMPerfSession:
         self.outcomes.update(payload.get("outcomes") or {})
         if payload.get("server") and self.remote_server is None:
             self.remote_server = payload["server"]
+        self.remote_launch_times_s.extend(float(t) for t in payload.get("launch_times_s") or [])
         line = payload.get("server_line")
         if line and line not in self.remote_servers:
             self.remote_servers.append(line)
