@@ -32,7 +32,8 @@ drops them (:func:`without_samples`) to stay small and diffable, the plots use t
 have none.
 
 ``launches`` counts the session's server launches (``--llmperf-launches``, A/B blocks) and their
-start-up times, which are never part of a measured window; a trial's ``launch`` says which launch
+start-up times (A/B mode: the candidate's, then the reference's, each side's also in ``by_side``),
+which are never part of a measured window; a trial's ``launch`` says which launch
 (A/B: block) measured it. Documents built without a launch record (``llmperf compare``, a server
 given by URL) have ``launches`` null.
 """
