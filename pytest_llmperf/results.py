@@ -54,6 +54,9 @@ class TrialResult:
     # The measurement window cut into fixed intervals (TTFT, TPOT, tokens/s, running/waiting
     # requests per interval; see timeslices.py); None for results built without them.
     timeslices: Timeslices | None = None
+    # Which server launch of the session measured the trial, 0-based (``--llmperf-launches``; in
+    # A/B mode the block): launch-to-launch spread is what the gate's session noise is made of.
+    launch: int = 0
 
     @property
     def measured(self) -> list[RequestRecord]:
@@ -176,6 +179,11 @@ def merge_runs(first: RunResult, more: RunResult) -> RunResult:
     return dataclasses.replace(first, trials=trials, summary=pooled_summary(trials, first.slo))
 
 
+def at_launch(result: RunResult, launch: int) -> RunResult:
+    """``result`` with every trial marked as measured on server launch ``launch``."""
+    return dataclasses.replace(result, trials=[dataclasses.replace(t, launch=launch) for t in result.trials])
+
+
 def with_invalid_reasons(summary: Summary, reasons: list[str]) -> Summary:
     """``summary`` marked invalid for ``reasons`` known outside its records (none: unchanged)."""
     if not reasons:
@@ -185,5 +193,5 @@ def with_invalid_reasons(summary: Summary, reasons: list[str]) -> Summary:
     return dataclasses.replace(summary, validity=validity)
 
 
-__all__ = ["THROTTLE_POLICIES", "RunResult", "TrialResult", "generated_tokens", "pooled_gpu", "pooled_summary",
+__all__ = ["THROTTLE_POLICIES", "RunResult", "TrialResult", "at_launch", "generated_tokens", "pooled_gpu", "pooled_summary",
            "merge_runs", "with_gpu", "with_invalid_reasons"]

@@ -1,6 +1,8 @@
 """The saved-run schema, as typed objects, and how a measured run becomes an entry of it.
 
-A saved session is ``{"plugin_version", "created_at", "tests": {key: entry}}`` where ``key`` is
+A saved session is ``{"plugin_version", "created_at", "tests": {key: entry}, "launches"}`` where
+``launches`` (``{"count", "startup_s": [...]}``, absent when the server was not launched here and in
+sessions saved before it) records the session's server launches and ``key`` is
 ``<pytest node id>#<run index>`` (a test may run several workloads; capacity searches are
 ``#capacity<n>``) and ``entry`` holds the run's fingerprint, workload, SLO (and per-request-type
 SLOs, ``type_slos``), pooled summary and, per trial, the gated statistics plus compact per-request
@@ -66,10 +68,22 @@ class SavedEntry(TypedDict, total=False):
     capacity: dict[str, Any]
 
 
-class SavedSession(TypedDict):
+class LaunchRecord(TypedDict):
+    """The session's server launches: how many, and each one's start-up time (never measured as
+    load)."""
+
+    count: int
+    startup_s: list[float]
+
+
+class _SavedSessionBase(TypedDict):
     plugin_version: str
     created_at: str
     tests: dict[str, SavedEntry]
+
+
+class SavedSession(_SavedSessionBase, total=False):
+    launches: LaunchRecord  # absent in sessions saved before launches were recorded, or by URL
 
 
 def is_capacity(entry: Mapping[str, Any]) -> bool:
@@ -161,6 +175,7 @@ def trial_entry(trial: TrialResult, slo: SLO | None, type_slos: Sequence[SLO] = 
     start, end = trial.window_s
     entry: TrialEntry = {
         "index": trial.index,
+        "launch": trial.launch,
         "started_at": trial.started_at,
         "window_s": end - start,
         "censored": True,
@@ -211,12 +226,17 @@ def run_entry(result: RunResult, fingerprint: Fingerprint, type_slos: Sequence[S
     }
 
 
-def session_document(entries: Mapping[str, SavedEntry]) -> SavedSession:
-    return {
+def session_document(entries: Mapping[str, SavedEntry], launches: Sequence[float] | None = None) -> SavedSession:
+    """A saved session; ``launches``: the start-up time of each server launch, in order (None: the
+    server was not launched here, so no launch record)."""
+    doc: SavedSession = {
         "plugin_version": __version__,
         "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "tests": dict(entries),
     }
+    if launches is not None:
+        doc["launches"] = {"count": len(launches), "startup_s": [round(float(s), 3) for s in launches]}
+    return doc
 
 
 def capacity_entry(result: Any, fingerprint: Fingerprint, label: str, slo: SLO | None = None) -> SavedEntry:
@@ -227,6 +247,6 @@ def capacity_entry(result: Any, fingerprint: Fingerprint, label: str, slo: SLO |
             "capacity": result.to_dict()}
 
 
-__all__ = ["ERROR_RATE_KEY", "GOODPUT_KEY", "TYPE_SEP", "entry_gated_stats", "entry_type_slos", "SAMPLE_SERIES", "GatedStat", "SavedEntry", "SavedSession", "TrialEntry", "capacity_entry",
+__all__ = ["ERROR_RATE_KEY", "GOODPUT_KEY", "TYPE_SEP", "entry_gated_stats", "entry_type_slos", "SAMPLE_SERIES", "GatedStat", "LaunchRecord", "SavedEntry", "SavedSession", "TrialEntry", "capacity_entry",
            "entry_slo", "fingerprint_for", "gated_stats", "is_capacity", "run_entry", "session_document",
            "trial_entry", "trial_value"]

@@ -103,6 +103,9 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("tolerance", "relative change tolerated before a regression can fail (default 0.05)", 0.05, _fraction),
     OptionSpec("alpha", "significance level of the regression test (default 0.05)", 0.05, _fraction),
     OptionSpec("trials", "default number of trials per workload (a trial is a full run)", None, _positive_int),
+    OptionSpec("launches", "launch the server L times in the session (default 1), each launch serving every "
+               "selected perf test's share of the trials (ceil(trials / L) each), so launch-to-launch noise is "
+               "measured; in A/B mode, the number of blocks (each side launched once per block)", None, _positive_int),
     OptionSpec("strict", "fail INCONCLUSIVE comparisons and tests with no baseline", False, flag=True),
     OptionSpec("bisect", "exit in git bisect run terms: 0 unchanged or improved, 1 regressed, 125 inconclusive or "
                "not gated (bisect skips the commit)", False, flag=True),
@@ -150,6 +153,12 @@ class LLMPerfOptions:
     def ab(self) -> bool:
         """A/B mode: any ``--llmperf-ab-*`` option given."""
         return any(self.values.get(k) for k in ("ab_url", "ab_server", "ab_server_cmd", "ab_server_args", "ab_sim_args"))
+
+    @property
+    def launch_count(self) -> int:
+        """``--llmperf-launches``, 1 when not given (``launches`` is None then: A/B mode tells the
+        two apart, its blocks defaulting to the trial count)."""
+        return int(self.values.get("launches") or 1)
 
     @property
     def report_path(self) -> Path:

@@ -22,6 +22,7 @@ from pytest_llmperf.plugin.hooks import (
     pytest_load_initial_conftests,
     pytest_runtest_call,
     pytest_runtest_makereport,
+    pytest_runtestloop,
     pytest_sessionfinish,
     pytest_terminal_summary,
     pytest_testnodedown,
@@ -64,6 +65,9 @@ def pytest_configure(config: pytest.Config) -> None:
     except OptionError as exc:
         raise pytest.UsageError(str(exc)) from None
     _check_ray(options.ray_address, options.ray_workers)
+    refused = distributed.passes_refused(config, options.launch_count, options.ab)
+    if refused:
+        raise pytest.UsageError(refused)
     config.stash[OPTIONS_KEY] = options
     distributed.configure(config)
 
@@ -89,6 +93,7 @@ __all__ = [
     "pytest_load_initial_conftests",
     "pytest_runtest_call",
     "pytest_runtest_makereport",
+    "pytest_runtestloop",
     "pytest_sessionfinish",
     "pytest_terminal_summary",
     "pytest_testnodedown",

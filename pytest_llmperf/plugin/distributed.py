@@ -43,6 +43,22 @@ def choose_dist(config: pytest.Config) -> None:
         config.option.dist = "loadgroup"
 
 
+def passes_refused(config: pytest.Config, launches: int, ab: bool) -> str | None:
+    """Why ``-n`` cannot run this session, or None: several launch passes (``--llmperf-launches``
+    > 1) and A/B mode relaunch servers between passes over the whole suite, from one process
+    (plugin.passes). Checked on the controller at configure time, before any worker starts."""
+    numprocesses = config.getoption("numprocesses", None)
+    if is_worker(config) or not numprocesses or numprocesses == "0":
+        return None
+    if ab:
+        return ("A/B mode (--llmperf-ab-*) measures its two servers in turn, in passes over the whole suite from "
+                "one process: run it without pytest-xdist's -n (or with -n 0)")
+    if launches > 1:
+        return (f"--llmperf-launches {launches} relaunches the server between passes over the whole suite, from "
+                "one process: run it without pytest-xdist's -n (or with -n 0), or with --llmperf-launches 1")
+    return None
+
+
 def is_worker(config: pytest.Config) -> bool:
     return hasattr(config, "workerinput")
 
@@ -130,4 +146,4 @@ def node_payload(node: Any) -> dict[str, Any] | None:
 
 
 __all__ = ["DIST_KEY", "GROUP", "LOST_KEY", "PAYLOAD_KEY", "WorkerPlugin", "choose_dist", "concurrency_error", "configure",
-           "is_worker", "node_payload"]
+           "is_worker", "node_payload", "passes_refused"]

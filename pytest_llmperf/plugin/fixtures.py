@@ -17,7 +17,8 @@ if TYPE_CHECKING:
 @pytest.fixture(scope="session")
 def llm_server(request: pytest.FixtureRequest) -> ServerInfo:
     """The server under test: launched from ``--llmperf-server`` (default: the simulator) or
-    reached at ``--llmperf-url``. Started once per session, torn down at its end."""
+    reached at ``--llmperf-url``. Started once per session (once per launch pass with
+    ``--llmperf-launches``, the fixture torn down between passes), torn down at its end."""
     return get_session(request.config).server()
 
 

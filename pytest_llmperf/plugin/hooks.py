@@ -155,6 +155,21 @@ def pytest_testnodedown(node: Any, error: object | None) -> None:
         lost.append(f"{getattr(node.gateway, 'id', node)}: {error}")
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session: pytest.Session) -> bool | None:
+    """Several launch passes (``--llmperf-launches``, A/B blocks): the plugin runs the loop
+    (plugin.passes); otherwise, and under pytest-xdist (refused at collection), pytest's own."""
+    perf = existing_session(session.config)
+    config = session.config
+    collection_failed = session.testsfailed and not config.option.continue_on_collection_errors
+    if (perf is None or perf.plan.passes == 1 or config.option.collectonly or collection_failed
+            or distributed.is_worker(config) or config.pluginmanager.has_plugin("dsession")):
+        return None
+    from pytest_llmperf.plugin.passes import run_passes
+
+    return run_passes(session, perf)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield

@@ -1,23 +1,30 @@
-"""What a test gets as ``llmperf``: ``run(workload)`` and ``capacity(workload)``."""
+"""What a test gets as ``llmperf``: ``run(workload)`` and ``capacity(workload)``.
+
+With several launch passes (``--llmperf-launches``, A/B mode; see :mod:`pytest_llmperf.plugin.passes`)
+a test body runs once per pass: in earlier passes ``run()`` measures that launch's share of the
+trials, keeps it in the session and returns it unjudged; in the last pass it measures its own
+share, adds the earlier ones (same run key, launch order) and checks and judges the whole.
+"""
 
 from __future__ import annotations
 
 import functools
 import os
 import time
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from pytest_llmperf.baseline.schema import capacity_entry, fingerprint_for, run_entry
-from pytest_llmperf.errors import LLMPerfError
+from pytest_llmperf.errors import LLMPerfError, LLMPerfWarning
 from pytest_llmperf.load.runner import Runner
 from pytest_llmperf.objectives import SLO, SLOError, check
 from pytest_llmperf.plugin.progress import ProgressPrinter
 from pytest_llmperf.plugin.state import nodeid_of
-from pytest_llmperf.results import merge_runs
+from pytest_llmperf.results import at_launch, merge_runs
 from pytest_llmperf.servers.manager import answers
-from pytest_llmperf.servers.pair import CANDIDATE, REFERENCE, block_order
+from pytest_llmperf.servers.pair import CANDIDATE, REFERENCE
 from pytest_llmperf.stats import DEFAULT_TRIALS
 from pytest_llmperf.workload import Workload
 
@@ -69,10 +76,9 @@ class LLMPerf:
     def run(self, workload: Workload, *, trials: int | None = None) -> RunResult:
         if not isinstance(workload, Workload):
             raise TypeError(f"llmperf.run expects a Workload, got {type(workload).__name__}")
-        opts = self._session.options
-        pair = self._session.pair
-        # In A/B mode every block picks its own server; asking for one here could launch one more.
-        server = self.server_for(CANDIDATE) if pair is not None and pair.info(CANDIDATE) else self.server
+        session = self._session
+        opts = session.options
+        pair = session.pair
         workload = workload.scaled(opts.duration_scale)
         # A gate needs replicates: default to the calibrated trial count when saving or comparing
         # (see stats.DEFAULT_TRIALS and benchmarks/gate_calibration.py), one trial otherwise.
@@ -80,18 +86,32 @@ class LLMPerf:
         asked = trials or _marker_trials(self.slos) or workload.trials or opts.trials
         n_trials = asked or gating_default
         key = f"{nodeid_of(self._item)}#{len(self.results)}"
-        # Adaptive trials against a baseline with session history: see _adaptive.
-        adaptive = asked is None and self._session.gate is not None and key in self._session.gate.baseline
+        # Adaptive trials against a baseline with session history (see _adaptive); with several
+        # launches every launch measures its fixed share instead.
+        adaptive = (asked is None and session.plan.launches == 1 and session.gate is not None
+                    and key in session.gate.baseline)
         printer = self._printer(self._item.name)
         reference: RunResult | None = None
         try:
             if pair is not None:
-                result, reference = self._ab_blocks(workload, n_trials, printer)
+                measured = self._ab_pass(workload, key, printer)
+                if not session.last_pass:
+                    self.results.append(measured)  # unjudged; the next run() of the test gets the next key
+                    return measured
+                result, reference = self._ab_combine(key, measured, asked)
                 server = self.server_for(CANDIDATE)
-            elif adaptive:
-                result = self._adaptive(self._runner(server, printer), workload, key, server)
+            elif session.plan.passes > 1:
+                server = self.server
+                result = self._launch_pass(self._runner(server, printer), workload, key, n_trials)
+                if not session.last_pass:
+                    self.results.append(result)
+                    return result
             else:
-                result = self._runner(server, printer).run(workload, slo=self.slo, trials=n_trials)
+                server = self.server
+                if adaptive:
+                    result = self._adaptive(self._runner(server, printer), workload, key, server)
+                else:
+                    result = self._runner(server, printer).run(workload, slo=self.slo, trials=n_trials)
         finally:
             printer.done()
         checks = []
@@ -154,20 +174,56 @@ class LLMPerf:
         assert info is not None, f"the {side} server was never started"
         return info
 
-    def _ab_blocks(self, workload: Workload, blocks: int, printer: ProgressPrinter) -> tuple[RunResult, RunResult]:
-        """A/B mode: ``blocks`` blocks of one trial per side, in ABBA order (servers.pair); trial
-        ``i`` of each side's result is block ``i``, which the paired comparison relies on."""
-        measured: dict[str, list[RunResult]] = {CANDIDATE: [], REFERENCE: []}
-        for block in range(blocks):
-            for side in block_order(block):
-                server = self._session.ab_server(side)
-                printer.label = f"{self._item.name} [{side}, block {block + 1}/{blocks}]"
-                run = self._runner(server, printer).run(workload, slo=self.slo, trials=1)
-                connect_errors = sum(1 for r in run.records if r.error_kind == "connect")
-                self._session.ab_check(side, connect_errors)
-                measured[side].append(run)
-        candidate, reference = (functools.reduce(merge_runs, measured[side]) for side in (CANDIDATE, REFERENCE))
-        return candidate, reference
+    def _launch_pass(self, runner: Runner, workload: Workload, key: str, n_trials: int) -> RunResult:
+        """Several launches: this pass's launch measures ceil(n / L) trials; in the last pass they
+        join the earlier launches' trials of the same run key, in launch order. The last launch
+        makes up trials an earlier pass did not measure (its run of the test failed before this
+        run), so a run keeps at least the trials asked for."""
+        session = self._session
+        plan = session.plan
+        earlier = session.earlier_runs.setdefault(key, [])
+        count = plan.per_launch(n_trials)
+        if session.last_pass:
+            count = max(count, n_trials - sum(len(r.trials) for r in earlier))
+        run = at_launch(runner.run(workload, slo=self.slo, trials=count), session.launch)
+        if not session.last_pass:
+            earlier.append(run)
+            return run
+        return functools.reduce(merge_runs, [*earlier, run])
+
+    def _ab_pass(self, workload: Workload, key: str, printer: ProgressPrinter) -> RunResult:
+        """A/B mode: this pass's side measures the run's one trial of this block, on the side's
+        launch for the block (servers.pair); a side that died stops the session."""
+        session = self._session
+        side, block = session.pass_side, session.launch
+        assert side is not None
+        server = session.ab_server(side)
+        printer.label = f"{self._item.name} [{side}, block {block + 1}/{session.plan.launches}]"
+        run = at_launch(self._runner(server, printer).run(workload, slo=self.slo, trials=1), block)
+        session.ab_check(side, sum(1 for r in run.records if r.error_kind == "connect"))
+        session.earlier_blocks.setdefault((key, side), {})[block] = run
+        return run
+
+    def _ab_combine(self, key: str, last: RunResult, asked: int | None) -> tuple[RunResult, RunResult | None]:
+        """The last pass: each side's trials in block order, over the blocks both sides measured
+        (trial ``i`` of each side is the ``i``-th such block, which the paired comparison pairs).
+        No block measured by both (the test failed in every other pass): no reference, no verdict."""
+        session = self._session
+        blocks = session.plan.launches
+        if asked is not None and asked != blocks:
+            warnings.warn(LLMPerfWarning(
+                f"{key}: {asked} trials asked, but A/B blocks are suite-wide: every run is measured once per side "
+                f"in each of the session's {blocks} blocks (set their number with --llmperf-launches)"), stacklevel=3)
+        candidate = session.earlier_blocks.get((key, CANDIDATE), {})
+        reference = session.earlier_blocks.get((key, REFERENCE), {})
+        both = sorted(set(candidate) & set(reference))
+        if len(both) < blocks:
+            self.notes.append(f"{key}: measured by both sides in {len(both)} of {blocks} A/B blocks (its test failed "
+                              "in the others' passes); judged on those")
+        if not both:
+            return (functools.reduce(merge_runs, candidate.values()) if candidate else last), None
+        result, ref = (functools.reduce(merge_runs, [runs[b] for b in both]) for runs in (candidate, reference))
+        return result, ref
 
     def _adaptive(self, runner: Runner, workload: Workload, key: str, server: ServerInfo) -> RunResult:
         """Least GPU time: run :data:`ADAPTIVE_FIRST` trials and ask the gate for a tentative
@@ -229,36 +285,56 @@ class LLMPerf:
                             ray_address=opts.ray_address, ray_workers=opts.ray_workers)
             return search(workload, lambda w: runner.run(w, slo=self.slo), plan)
 
-        reference_entry = None
+        session = self._session
+        side = session.pass_side
+        # No replicates to spread over launches: the search runs on the last launch (A/B mode: on
+        # each side's last launch, the session's last two passes); earlier passes end the test here.
+        searched = session.last_pass or (side is not None and session.pass_index == session.plan.passes - 2)
+        if not searched:
+            pytest.skip("llmperf: capacity searches run on the last launch only")
+        n = len(self.capacities) + 1
+        key = f"{nodeid_of(self._item)}#capacity{n - 1}"
         try:
-            if self._session.pair is not None:
-                # A/B: one whole search per side (a search has no replicates to pair; its brackets
-                # are the uncertainty, baseline.compare.compare_capacity), the reference first.
-                printer.label = f"{self._item.name} capacity [reference]"
-                ref_server = self._session.ab_server(REFERENCE)
-                reference = search_on(ref_server)
-                # Steps keep no records: any unfinished request makes the check probe the server.
-                self._session.ab_check(REFERENCE, sum(step.requests - step.completed for step in reference.steps))
-                ref_fingerprint = fingerprint_for(workload, ref_server.model, self.slo, ref_server,
-                                                  extra=self._session.fingerprint_extra(ref_server),
-                                                  gpu=self._session.gpu_info())
-                reference_entry = capacity_entry(reference, ref_fingerprint, f"capacity {workload.label()}",
-                                                 slo=self.slo)
-                printer.label = f"{self._item.name} capacity [candidate]"
-                server = self._session.ab_server(CANDIDATE)
+            if side is not None:
+                printer.label = f"{self._item.name} capacity [{side}]"
+                server = session.ab_server(side)
             result = search_on(server)
         finally:
             printer.done()
-        self.capacities.append(result)
-        self._session.capacities.append((nodeid_of(self._item), result))
-        n = len(self.capacities)
+        if side is not None:
+            # Steps keep no records: any unfinished request makes the check probe the server.
+            session.ab_check(side, sum(step.requests - step.completed for step in result.steps))
+        if side is not None and not session.last_pass:
+            session.earlier_capacity[key] = (side, result)
+            self.capacities.append(result)
+            return result
+        candidate: CapacityResult | None = result
+        reference: CapacityResult | None = None
+        if side is not None:
+            searches = {side: result}
+            if key in session.earlier_capacity:
+                other, other_result = session.earlier_capacity[key]
+                searches[other] = other_result
+            candidate, reference = searches.get(CANDIDATE), searches.get(REFERENCE)
+        if candidate is None:  # A/B: the candidate's pass failed before its search; nothing to judge
+            self.notes.append(f"{key}: the candidate's capacity search did not run (its test failed in that pass)")
+            self.capacities.append(result)
+            return result
+        self.capacities.append(candidate)
+        session.capacities.append((nodeid_of(self._item), candidate))
         prefix = "llmperf.capacity" if n == 1 else f"llmperf.capacity{n}"
-        self._item.user_properties.append((f"{prefix}_rps", result.capacity_rps))
+        self._item.user_properties.append((f"{prefix}_rps", candidate.capacity_rps))
+        reference_entry = None
+        if reference is not None:
+            reference_entry = self._capacity_entry(workload, reference, self.server_for(REFERENCE))
+        cand_server = self.server_for(CANDIDATE) if side is not None else server
+        self._judge(key, self._capacity_entry(workload, candidate, cand_server), reference_entry)
+        return candidate
+
+    def _capacity_entry(self, workload: Workload, result: CapacityResult, server: ServerInfo) -> Any:
         fingerprint = fingerprint_for(workload, server.model, self.slo, server,
                                       extra=self._session.fingerprint_extra(server), gpu=self._session.gpu_info())
-        entry = capacity_entry(result, fingerprint, f"capacity {workload.label()}", slo=self.slo)
-        self._judge(f"{nodeid_of(self._item)}#capacity{n - 1}", entry, reference_entry)
-        return result
+        return capacity_entry(result, fingerprint, f"capacity {workload.label()}", slo=self.slo)
 
     def _judge(self, key: str, entry: Any, reference: Any = None) -> None:
         comparison, message = self._session.record(key, entry, reference)

@@ -26,11 +26,14 @@ from pytest_llmperf.baseline.store import BaselineMissing, BaselineStore, StoreE
 from pytest_llmperf.cli.options import LLMPerfOptions, OptionError, api_key_from_env
 from pytest_llmperf.errors import pytest_flag
 from pytest_llmperf.fingerprint import FingerprintMismatch
+from pytest_llmperf.plugin.passes import LaunchPlan
 from pytest_llmperf.servers.manager import ServerConfig, ServerInfo, ServerManager, ServerUnavailable
 from pytest_llmperf.servers.pair import CANDIDATE, REFERENCE, ServerPair, SideFailed
 from pytest_llmperf.servers.process import ProcessReaper
+from pytest_llmperf.stats import DEFAULT_TRIALS
 
 if TYPE_CHECKING:
+    from pytest_llmperf.baseline.schema import LaunchRecord
     from pytest_llmperf.capacity import CapacityResult
     from pytest_llmperf.objectives import SLOCheck
     from pytest_llmperf.results import RunResult
@@ -70,9 +73,21 @@ class LLMPerfSession:
         self.pair: ServerPair | None = None
         self.ab_failure: str | None = None
         self.ab_failed_side: str | None = None
+        _check_launch_options(options)
         if options.ab:
             _check_ab_options(options)
             self.pair = ServerPair(self.servers, ServerManager(_reference_config(options, api_key), reaper=self.reaper))
+        # Launch passes (plugin.passes): L launches, or in A/B mode blocks (default: the trial count).
+        blocks = options.launches or options.trials or DEFAULT_TRIALS
+        self.plan = LaunchPlan(blocks, ab=True) if options.ab else LaunchPlan(options.launch_count)
+        self.pass_index = self.plan.passes - 1  # one pass (no --llmperf-launches): it is the last
+        self.server_failed = False
+        self._relaunch = False
+        # What earlier passes measured, for the last pass to combine: runs by run key (A/B mode:
+        # by run key and side, with their block) and A/B capacity searches by key.
+        self.earlier_runs: dict[str, list[RunResult]] = {}
+        self.earlier_blocks: dict[tuple[str, str], dict[int, RunResult]] = {}
+        self.earlier_capacity: dict[str, tuple[str, CapacityResult]] = {}
         self.results: list[tuple[str, RunResult]] = []
         self.reference_results: list[tuple[str, RunResult]] = []  # A/B mode: the reference's runs
         self.capacities: list[tuple[str, CapacityResult]] = []
@@ -95,6 +110,7 @@ class LLMPerfSession:
         # Under pytest-xdist, on the controller: what the workers measured (see absorb).
         self.remote_servers: list[str] = []
         self.remote_server: dict[str, Any] | None = None
+        self.remote_launch_times_s: list[float] = []  # the start-up times of the workers' launches
         self.remote_summaries: list[dict[str, list[Any]]] = []
         self.baselines_prepared = False
         self._gpu_info: dict[str, Any] | None = None
@@ -116,25 +132,86 @@ class LLMPerfSession:
                 _uninstall_sigterm()
 
     def server(self) -> ServerInfo:
+        """The server of the current pass (A/B mode: of the pass's side), launched on first use."""
         if self.pair is not None:
-            return self.ab_server(CANDIDATE, setup=True)
+            return self.ab_server(self.pass_side or CANDIDATE)
         try:
+            if self._relaunch:
+                self._relaunch = False
+                return self.servers.relaunch()
             return self.servers.get()
         except ServerUnavailable as exc:
+            self.server_failed = True
             message = exc.render(pytest_flag)
         # Outside the except block, so pytest shows the message once, without a chained traceback.
         pytest.fail(f"llmperf: {message}", pytrace=False)
 
+    # ------------------------------------------------------------------ launch passes
+
+    def begin_pass(self, p: int) -> None:
+        """Pass ``p`` of the session begins (plugin.passes): its first use of a server launches
+        it afresh (the previous pass's launch is stopped then)."""
+        if p == self.pass_index:
+            return
+        self.pass_index = p
+        if self.pair is not None:
+            self.pair.next_pass()
+        elif self.servers.launches:
+            self._relaunch = True
+
+    @property
+    def last_pass(self) -> bool:
+        return self.pass_index == self.plan.passes - 1
+
+    @property
+    def launch(self) -> int:
+        """The launch (A/B mode: block) the current pass measures on, 0-based."""
+        return self.plan.launch(self.pass_index)
+
+    @property
+    def pass_side(self) -> str | None:
+        """A/B mode: the side the current pass measures."""
+        return self.plan.side(self.pass_index)
+
+    def launch_record(self) -> LaunchRecord | None:
+        """The server launches of this session (the candidate's in A/B mode), None when the server
+        was not launched here."""
+        times = self._launch_times_s()
+        if not times:
+            return None
+        return {"count": len(times), "startup_s": [round(t, 3) for t in times]}
+
+    def _launch_times_s(self) -> list[float]:
+        """Start-up times of this session's launches of the (candidate's) server, here or, under
+        pytest-xdist, on the workers."""
+        if not self.servers.launches:
+            return []
+        return list(self.servers.launch_times_s) or list(self.remote_launch_times_s)
+
+    def launches_doc(self) -> dict[str, Any] | None:
+        """The report document's ``launches``: count and start-up times, total and per launch (per
+        side in A/B mode); start-up is never measured as load."""
+        sides = {side: list(self.pair.launch_times_s(side)) for side in (CANDIDATE, REFERENCE)} if self.pair else {}
+        times = [t for side_times in sides.values() for t in side_times] if sides else self._launch_times_s()
+        if not times:
+            return None
+        doc: dict[str, Any] = {"count": len(times), "startup_s": [round(t, 3) for t in times],
+                               "total_startup_s": round(sum(times), 3)}
+        if self.pair is not None:
+            doc["blocks"] = self.plan.launches
+            doc["by_side"] = {side: [round(t, 3) for t in ts] for side, ts in sides.items()}
+        return doc
+
     # ------------------------------------------------------------------ A/B mode
 
-    def ab_server(self, side: str, *, setup: bool = False) -> ServerInfo:
-        """A/B mode: the side's server, ready for its next trial (see servers.pair); a side that
-        fails stops the whole session (:meth:`ab_abort`)."""
+    def ab_server(self, side: str) -> ServerInfo:
+        """A/B mode: the side's server for the current pass (see servers.pair); a side that fails
+        stops the whole session (:meth:`ab_abort`)."""
         assert self.pair is not None
         if self.ab_failure is not None:
             pytest.fail(f"llmperf: A/B session stopped earlier: {self.ab_failure}", pytrace=False)
         try:
-            return self.pair.ready(side) if setup else self.pair.use(side)
+            return self.pair.use(side)
         except SideFailed as exc:
             failed = exc
         # Outside the except block, so pytest shows the message once, without a chained traceback.
@@ -176,15 +253,21 @@ class LLMPerfSession:
         return f"the reference ({preset}{version}{shown})"
 
     def launch_note(self) -> str | None:
-        """A/B mode: how often each side was launched and how long that took (not measured as load)."""
+        """How often the server (A/B mode: each side) was launched and how long start-up took,
+        each and in all: time the session spent that is not measured as load."""
         if self.pair is None:
-            return None
+            times = self._launch_times_s()
+            if not times:
+                return None
+            each = ", ".join(f"{t:.1f} s" for t in times)
+            return f"server launched {len(times)} time(s), start-up {sum(times):.1f} s in all ({each})"
         parts = []
         for side in (REFERENCE, CANDIDATE):
             times = self.pair.launch_times_s(side)
             if times:
-                times = sorted(times)
-                parts.append(f"{side} launched {len(times)} time(s), median start-up {times[len(times) // 2]:.1f} s")
+                ordered = sorted(times)
+                parts.append(f"{side} launched {len(times)} time(s), median start-up {ordered[len(ordered) // 2]:.1f} s, "
+                             f"total {sum(times):.1f} s")
         return "; ".join(parts) or None
 
     def check_report_dir(self) -> None:
@@ -206,12 +289,17 @@ class LLMPerfSession:
         ``family_size`` gated statistics planned (:func:`planned_family`)."""
         self.selected = set(selected_tests)
         self.baselines_prepared = True
-        if self.pair is not None:
-            from pytest_llmperf.plugin import distributed
+        from pytest_llmperf.plugin import distributed
 
-            if distributed.is_worker(self.config):
+        if distributed.is_worker(self.config):
+            # Passes over the whole suite (plugin.passes) need every perf test in one process.
+            if self.pair is not None:
                 raise pytest.UsageError("A/B mode (--llmperf-ab-*) measures its two servers in turn from one "
                                         "process; run it without pytest-xdist's -n")
+            if self.plan.launches > 1:
+                raise pytest.UsageError("--llmperf-launches > 1 relaunches the server between passes over the "
+                                        "whole suite from one process; run it without pytest-xdist's -n")
+        if self.pair is not None:
             opts = self.options
             self.gate = GateSession.against_reference(GateSettings(
                 tolerance=opts.tolerance, alpha=opts.alpha, allow=tuple(opts.allowed_diffs), strict=opts.strict))
@@ -344,6 +432,7 @@ class LLMPerfSession:
             "outcomes": self.outcomes,
             "server": self._server_doc(info),
             "server_line": info.describe() if info is not None else None,
+            "launch_times_s": list(self.servers.launch_times_s) if self.servers.launches else [],
             "summary": summary_lines(self),
         }
         return json.dumps(payload, default=_plain_json)
@@ -361,6 +450,7 @@ class LLMPerfSession:
         self.outcomes.update(payload.get("outcomes") or {})
         if payload.get("server") and self.remote_server is None:
             self.remote_server = payload["server"]
+        self.remote_launch_times_s.extend(float(t) for t in payload.get("launch_times_s") or [])
         line = payload.get("server_line")
         if line and line not in self.remote_servers:
             self.remote_servers.append(line)
@@ -395,8 +485,10 @@ class LLMPerfSession:
             session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
         elif self.options.save and self.entries and exitstatus != pytest.ExitCode.INTERRUPTED:
             assert self.store is not None
+            record = self.launch_record()
             try:
-                path = self.store.save(self.options.save, session_document(self.entries))
+                path = self.store.save(self.options.save, session_document(
+                    self.entries, record["startup_s"] if record is not None else None))
                 self.saved_path = str(path)
             except StoreError as exc:
                 self.save_error = exc.render(pytest_flag)
@@ -451,6 +543,7 @@ class LLMPerfSession:
             baseline_name="reference" if reference is not None else self.options.baseline,
             baseline_source=reference["label"] if reference is not None else self.baseline_source,
             reference=reference,
+            launches=self.launches_doc(),
             strict=self.options.strict,
         )
 
@@ -484,6 +577,20 @@ def planned_family(items: list[pytest.Item]) -> int:
         main = next((slo for slo in slos if not slo.request_type), None)
         m += len(gated_stats(main, slos))
     return m
+
+
+def _check_launch_options(options: LLMPerfOptions) -> None:
+    """A server given by URL runs elsewhere: this session cannot relaunch it."""
+    if options.launch_count <= 1:
+        return
+    for flag, url in (("--llmperf-url", options.url), ("--llmperf-ab-url", options.ab_url)):
+        if url:
+            raise pytest.UsageError(
+                f"--llmperf-launches {options.launch_count}: the server at {flag} {url} is already running "
+                "elsewhere and cannot be relaunched. Drop --llmperf-launches and gate against the history of a "
+                "stored baseline (--llmperf-baseline main: it learns session noise from past sessions), or "
+                "launch the servers here: --llmperf-server to launch the candidate, and for A/B mode "
+                "--llmperf-ab-server for the reference")
 
 
 def _check_ab_options(options: LLMPerfOptions) -> None:

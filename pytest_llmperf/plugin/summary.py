@@ -84,7 +84,11 @@ def _verdict_rows(session: LLMPerfSession) -> list[list[str]]:
 
 def _write_verdicts(tr: Any, session: LLMPerfSession) -> None:
     opts = session.options
-    if session.pair is not None:
+    if session.pair is None:
+        note = session.launch_note()
+        if note:
+            tr.write_line(f"launches: {note} (start-up is not measured as load)")
+    else:
         if session.ab_failure is not None:
             tr.write_line(f"A/B session stopped, no verdict: {session.ab_failure}", red=True)
         elif session.comparisons:
@@ -92,8 +96,8 @@ def _write_verdicts(tr: Any, session: LLMPerfSession) -> None:
             tr.write_line(table(["workload", "statistic", "verdict", "detail"], _verdict_rows(session), left=4))
         note = session.launch_note()
         if note:
-            tr.write_line(f"A/B blocks: {note} (start-up is not measured as load)")
-    elif opts.baseline:
+            tr.write_line(f"A/B blocks: {session.plan.launches} (suite-wide); {note} (start-up is not measured as load)")
+    if session.pair is None and opts.baseline:
         if session.baseline_source is None:
             tr.write_line(f"no baseline named {opts.baseline!r} in {opts.store}: run with --llmperf-save "
                           f"{opts.baseline} first (e.g. on the main branch) to create it")

@@ -8,6 +8,8 @@ Shape (``schema_version`` 1; ``pytest_llmperf/schemas/llmperf-report.schema.json
     {
       "schema_version": 1, "plugin_version": "0.1.0", "created_at": "2026-...Z",
       "server": {"preset", "version", "model", "base_url", "startup_s"} | null,
+      "launches": {"count", "startup_s": [...], "total_startup_s",
+                   "blocks", "by_side": {"candidate": [...], "reference": [...]} (A/B mode only)} | null,
       "baseline": {"name", "source", "kind": "stored" | "reference",
                    "reference": {"label", "launches", "server", "stopped"} (A/B mode only)} | null,
       "headline": "1 regression, 5 unchanged",
@@ -19,7 +21,7 @@ Shape (``schema_version`` 1; ``pytest_llmperf/schemas/llmperf-report.schema.json
             "slo_checks": [SLOCheck dicts], "slo_passed": bool | null,
             "verdicts": [Comparison dicts], "allowed_diffs": [...], "gate_error": str | null,
             "baseline_summary": Summary dict | null,
-            "trials": [{"index", "window_s", "stats", "samples", "timeslices"}],
+            "trials": [{"index", "launch", "window_s", "stats", "samples", "timeslices"}],
             "baseline_trials": [...] }]}
       ]
     }
@@ -28,6 +30,12 @@ Shape (``schema_version`` 1; ``pytest_llmperf/schemas/llmperf-report.schema.json
 drops them (:func:`without_samples`) to stay small and diffable, the plots use them. ``timeslices``
 (per-interval series, :mod:`pytest_llmperf.timeslices`) stay in the JSON; trials saved before them
 have none.
+
+``launches`` counts the session's server launches (``--llmperf-launches``, A/B blocks) and their
+start-up times (A/B mode: the candidate's, then the reference's, each side's also in ``by_side``),
+which are never part of a measured window; a trial's ``launch`` says which launch
+(A/B: block) measured it. Documents built without a launch record (``llmperf compare``, a server
+given by URL) have ``launches`` null.
 """
 
 from __future__ import annotations
@@ -57,6 +65,7 @@ def build_document(
     baseline_name: str | None = None,
     baseline_source: str | None = None,
     reference: Mapping[str, Any] | None = None,
+    launches: Mapping[str, Any] | None = None,
     strict: bool = False,
 ) -> dict[str, Any]:
     """Assemble the document from run entries (``gate.run_entry``) keyed ``<nodeid>#<i>``.
@@ -108,6 +117,7 @@ def build_document(
         "plugin_version": __version__,
         "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "server": dict(server) if server else None,
+        "launches": dict(launches) if launches else None,
         "baseline": _baseline(baseline_name, baseline_source, reference),
         "strict": strict,
         "headline": headline_from_counts(counts),

@@ -285,12 +285,27 @@ def headline(doc: Mapping[str, Any]) -> str:
     return f"{FAIL if failed else PASS} **pytest-llmperf**: {text}"
 
 
+def _launches_bit(launches: Mapping[str, Any] | None) -> str | None:
+    """The session's launches and their start-up time, apart from the measured time."""
+    if not launches or not launches.get("count"):
+        return None
+    times = [float(t) for t in launches.get("startup_s") or []]
+    each = ", ".join(f"{t:.1f}" for t in times)
+    total = launches.get("total_startup_s", sum(times))
+    blocks = f" ({launches['blocks']} A/B blocks)" if launches.get("blocks") else ""
+    return (f"{_plural(int(launches['count']), 'server launch', 'server launches')}{blocks}, start-up {float(total):.1f} s in all"
+            + (f" ({each} s)" if each else "") + ", not measured as load")
+
+
 def _context_line(doc: Mapping[str, Any]) -> str:
     bits = []
     server = doc.get("server") or {}
     if server:
         engine = " ".join(str(server[k]) for k in ("preset", "version") if server.get(k))
         bits.append(f"server {engine or '?'}" + (f" serving `{server['model']}`" if server.get("model") else ""))
+    launches = _launches_bit(doc.get("launches"))
+    if launches:
+        bits.append(launches)
     baseline = doc.get("baseline") or {}
     if baseline.get("kind") == "reference":
         reference = baseline.get("reference") or {}

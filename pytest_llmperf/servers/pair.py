@@ -1,11 +1,17 @@
 """Two servers for one session (A/B mode): the candidate and the reference, taking turns.
 
-When both are launched here they are assumed to share one GPU, so they run one at a time: before
-each trial the other one is stopped and this one launched afresh (a block of the A/B design
-restarts its servers, so the launch-to-launch spread, which a CI job sees on every run, is part of
-what each trial measures and of the paired test's noise). Launch time is recorded and reported,
-never measured as load. A server given by URL (``--llmperf-ab-url``, or ``--llmperf-url`` for the
-candidate) is already running elsewhere: it is connected to once and left running.
+A/B blocks are suite-wide: the plugin runs the selected perf tests in passes over the whole suite,
+two per block in ABBA order (:func:`block_order`), and each pass is one side's launch serving every
+test's trial of that block. So a session of ``B`` blocks launches ``2 x B`` servers whatever the
+number of tests, and each block's pair of trials shares the time it was measured in.
+
+When both servers are launched here they are assumed to share one GPU, so they run one at a time:
+a pass's first use of its side stops the other one and launches this one afresh (each block
+restarts its servers, so the launch-to-launch spread, which a CI job sees on every run, is part
+of what each trial measures and of the paired test's noise); later uses in the same pass get the
+same launch. Launch time is recorded and reported, never measured as load. A server given by URL
+(``--llmperf-ab-url``, or ``--llmperf-url`` for the candidate) is already running elsewhere: it is
+connected to once and left running.
 
 A side that fails to start, dies or stops answering raises :class:`SideFailed`, which names the
 side and carries its log tail; the caller stops both servers and gives no verdict.
@@ -57,36 +63,29 @@ class ServerPair:
         self.managers = {CANDIDATE: candidate, REFERENCE: reference}
         # One GPU: two launched servers never run at once.
         self.in_turn = candidate.launches and reference.launches
-        self._unused: str | None = None  # the side launched but not yet measured (reused once)
+        self._serving: str | None = None  # the side launched for the current pass
 
     def info(self, side: str) -> ServerInfo | None:
         return self.managers[side].info
 
+    def next_pass(self) -> None:
+        """A new pass over the suite begins: the next use of a side launches it afresh."""
+        self._serving = None
+
     def use(self, side: str) -> ServerInfo:
-        """The side's server, ready for a trial (in turn: the other stopped, this one fresh)."""
+        """The side's server for the current pass (in turn: its first use in the pass stops the
+        other and launches this one afresh; later uses get the same launch)."""
         manager = self.managers[side]
         try:
-            if not self.in_turn:
-                return manager.get()
+            if not self.in_turn or self._serving == side:
+                return manager.get()  # raises when the pass's server is gone
             other = self.managers[REFERENCE if side == CANDIDATE else CANDIDATE]
             other.stop()
-            if self._unused == side and manager.running:
-                self._unused = None
-                assert manager.info is not None
-                return manager.info
-            self._unused = None
+            self._serving = side
             return manager.relaunch() if manager.info is not None else manager.get()
         except ServerUnavailable as exc:
             raise SideFailed(side, f"could not be started or reached: {Exception.__str__(exc)}",
                              remedy=exc.remedy, option=exc.option) from None
-
-    def ready(self, side: str) -> ServerInfo:
-        """Like :meth:`use`, for a test's setup: a launched side stays unused, so the first trial
-        takes it instead of launching another."""
-        info = self.use(side)
-        if self.in_turn:
-            self._unused = side
-        return info
 
     def check(self, side: str, connect_errors: int) -> None:
         """After a trial on ``side``: raise :class:`SideFailed` when its server died, or when
