@@ -77,6 +77,9 @@ class GateSettings:
     strict: bool = False
 
 
+# The split of α with a session model (reciprocals; see GateSession._spot_share).
+SPOT_SHARE, GLOBAL_SHARE, SPECIFIC_SHARE = 6, 6, 3
+
 # What an A/B session compares on purpose: shown as allowed differences, never refused.
 AB_EXPECTED_DIFFS = ("engine", "engine_version", "sim_preset", "gpu_name", "gpu_count", "gpu_driver", "extra")
 
@@ -203,10 +206,13 @@ class GateSession:
 
     @property
     def _spot_share(self) -> int:
-        """α is split (union bound): with a session model, a quarter for the on-the-spot tests of
-        every statistic, a quarter for the session-wide test and half for the specific ones;
-        without one, all of it on the spot (and Holm at the end)."""
-        return 4 if self.model is not None else 1
+        """α is split (union bound): with a session model, a sixth for the on-the-spot tests of
+        every statistic, a sixth for the session-wide test and a third for the specific ones
+        (:data:`SPOT_SHARE`, :data:`GLOBAL_SHARE`, :data:`SPECIFIC_SHARE`), and a third kept for
+        what the normal model of log values misses (percentiles' heavy tails, error rates with
+        bad days), as ``benchmarks/gate_calibration.py`` measures; without one, all of it on the
+        spot (and Holm at the end)."""
+        return SPOT_SHARE if self.model is not None else 1
 
     def plan(self, in_session: Callable[[str], bool]) -> int:
         """Fix the family size from the baseline's runs whose test ``in_session(node id)``."""
@@ -288,7 +294,7 @@ class GateSession:
 
     def _session_mode(self, key: str, run: RunComparison, candidate: SavedEntry, tolerance: float) -> None:
         """Replace each log-scale statistic's trial comparison with the session model's total test
-        (Bonferroni over the family with a quarter of α; the rest is spent at :meth:`finish`)."""
+        (Bonferroni over the family with a sixth of α; the rest is spent at :meth:`finish`)."""
         assert self.model is not None
         stats = {g.key: g for g in entry_gated_stats(candidate)}
         notes = self.notes.get(key, [])
@@ -397,8 +403,8 @@ class GateSession:
     def finish(self) -> list[Comparison]:
         """The end-of-session tests; returns the verdicts that fail only after them.
 
-        Statistics judged by the session model get the session-wide test (a quarter of α) and the
-        specific tests (half of α, Holm), see :mod:`.sessions`; without a session model every
+        Statistics judged by the session model get the session-wide test (a sixth of α) and the
+        specific tests (a third of α, Holm), see :mod:`.sessions`; without a session model every
         statistic gets Holm's correction over the session instead.
         """
         if not self.runs:
@@ -432,19 +438,19 @@ class GateSession:
         badness = {t.name: (t.logs.mean - self.model.stats[t.name].mean) * t.sign for t in self._tracked}
         glob, specific = session_tests(self.model, candidates)
         flagged: dict[tuple[str, str], str] = {}
-        if glob.p_value * 4 < alpha:  # a quarter of α
+        if glob.p_value * GLOBAL_SHARE < alpha:
             for t in self._tracked:
                 own = total_test(self.model.stats[t.name], t.logs, t.sign)
                 # The shift admits a statistic only on its own evidence: its total test at the
-                # same quarter of α, and beyond the tolerance.
-                if own.p_value * 4 < alpha and badness[t.name] > math.log1p(t.tolerance):
+                # same share of α, and beyond the tolerance.
+                if own.p_value * GLOBAL_SHARE < alpha and badness[t.name] > math.log1p(t.tolerance):
                     flagged[t.name] = (f"the whole session moved by {fmt_pct(math.expm1(glob.estimate))} against "
-                                       f"main's sessions (session-wide test, p = {glob.p_value * 4:.3g}), and this "
-                                       f"statistic with it (its own p = {own.p_value * 4:.3g})")
+                                       f"main's sessions (session-wide test, p = {glob.p_value * GLOBAL_SHARE:.3g}), "
+                                       f"and this statistic with it (its own p = {own.p_value * GLOBAL_SHARE:.3g})")
         order = sorted(specific.items(), key=lambda kv: kv[1].p_value)
         tol = {t.name: t.tolerance for t in self._tracked}
         for rank, (name, test) in enumerate(order):
-            p_holm = test.p_value * 2 * (len(order) - rank)  # half of α, Holm
+            p_holm = test.p_value * SPECIFIC_SHARE * (len(order) - rank)
             if p_holm >= alpha:
                 break
             if test.estimate > math.log1p(tol[name]):
