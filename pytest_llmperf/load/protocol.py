@@ -60,9 +60,9 @@ _DONE = "[DONE]"
 _DETAIL_CHARS = 300
 # Error bodies are read only this far: enough for any JSON error message, bounded for a server
 # that answers an error with megabytes of HTML.
-ERROR_BODY_BYTES = 16 * 1024
+_ERROR_BODY_BYTES = 16 * 1024
 REDACTED = "***"
-USER_AGENT = "pytest-llmperf"
+_USER_AGENT = "pytest-llmperf"
 
 # What the reader does with the response body, decided once the headers are in.
 _HEADERS, _STREAM, _ERROR_BODY, _NOT_STREAM = range(4)
@@ -126,7 +126,7 @@ class RequestEncoder:
         self._heads: dict[str, bytes] = {}
         for api, suffix in PATHS.items():
             lines = [f"POST {parts.path.rstrip('/')}{suffix} HTTP/1.1", f"Host: {host_header}",
-                     f"User-Agent: {USER_AGENT}", "Accept: text/event-stream",
+                     f"User-Agent: {_USER_AGENT}", "Accept: text/event-stream",
                      "Accept-Encoding: identity",  # raw bytes: no decompression per chunk
                      "Content-Type: application/json"]
             if api_key:
@@ -197,7 +197,7 @@ class ResponseReader:
         """One read of the body, received at ``t`` (the per-chunk hot path)."""
         if self.mode != _STREAM:
             self.error_body += data
-            if len(self.error_body) >= ERROR_BODY_BYTES:
+            if len(self.error_body) >= _ERROR_BODY_BYTES:
                 raise self._error_failure()
             return
         if self.done:
@@ -380,9 +380,9 @@ class ResponseReader:
     def _error_failure(self) -> StreamFailure:
         """The failure an HTTP error status or a non-stream answer stands for, with its body."""
         status = self.record.status_code or 0
-        text = scrub(bytes(self.error_body[:ERROR_BODY_BYTES]).decode("utf-8", "replace"), self.api_key)
+        text = scrub(bytes(self.error_body[:_ERROR_BODY_BYTES]).decode("utf-8", "replace"), self.api_key)
         if self.mode == _ERROR_BODY:
-            return StreamFailure(status_kind(status), f"HTTP {status}: {error_message(text)}", status)
+            return StreamFailure(_status_kind(status), f"HTTP {status}: {error_message(text)}", status)
         return StreamFailure(
             "not_stream",
             f"expected text/event-stream, got content-type {self.content_type or '(none)'!r} (HTTP {status}): {text}",
@@ -426,7 +426,7 @@ def error_message(text: str) -> str:
     return text.strip()
 
 
-def status_kind(status: int) -> str:
+def _status_kind(status: int) -> str:
     return "http_429" if status == 429 else "http_5xx" if status >= 500 else "http_4xx"
 
 
@@ -442,5 +442,5 @@ def _as_status(code: Any) -> int | None:
     return status if 100 <= status <= 599 else None
 
 
-__all__ = ["APIS", "ERROR_BODY_BYTES", "EncodedRequest", "RequestEncoder", "ResponseReader", "StreamFailure",
-           "build_body", "error_message", "scrub", "status_kind"]
+__all__ = ["APIS", "REDACTED", "EncodedRequest", "RequestEncoder", "ResponseReader", "StreamFailure",
+           "build_body", "error_message", "scrub"]
