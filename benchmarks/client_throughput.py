@@ -4,7 +4,7 @@ preset running in its own process.
 
 The reference, measured in the same run on the same server, is a bare httpx streaming loop that
 reads the bytes and does nothing else (no SSE parsing, no JSON, no records). Since streams moved off httpx onto the protocol-based
-pool (see client.py) ours is well *below* that floor. Ratios printed are ours / bare (CPU per
+pool (see load/transport.py) ours is well *below* that floor. Ratios printed are ours / bare (CPU per
 chunk: lower is better). benchmarks/client_vs_peer.py compares against AIPerf.
 
     python benchmarks/client_throughput.py [--streams 50 200 1000] [--rates 50 200 1000]

@@ -1,4 +1,4 @@
-"""StreamingClient against small purpose-built servers (uvicorn on 127.0.0.1) and MockTransport."""
+"""StreamingClient against small purpose-built servers (uvicorn on 127.0.0.1) and an in-memory transport."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import json
 import socket
 import threading
 import time
+import zlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import pytest
 import uvicorn
 from starlette.applications import Starlette
@@ -18,12 +18,15 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from pytest_llmperf.load.client import ClientError, StreamingClient
+from pytest_llmperf.load.protocol import StreamFailure
 from pytest_llmperf.records import PreparedRequest, RequestRecord
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import AsyncIterator, Callable, Iterator
 
     from starlette.requests import Request
+
+    from pytest_llmperf.load.protocol import EncodedRequest, ResponseReader
 
 API_KEY = "sk-test-SECRET-0123456789abcdef"
 
@@ -512,12 +515,60 @@ def test_cancel_propagates_and_keeps_measurements(server):
     assert rec.output_tokens == len(rec.chunk_times_s)  # counted from what arrived
 
 
-# ---------------------------------------------------------------------- MockTransport
+# ---------------------------------------------------------------------- in-memory transport
 
 
-def mock_client(handler: Callable[[httpx.Request], Any], **kw: Any) -> StreamingClient:
+@dataclass
+class Answer:
+    """What a ``MemoryTransport`` handler returns: status, headers and the body, one read per piece."""
+
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=lambda: {"content-type": "text/event-stream"})
+    body: bytes | AsyncIterator[bytes] = b""
+
+
+class MemoryTransport:
+    """A ``StreamTransport`` in memory, as httpx's ``MockTransport`` is for httpx: ``handler`` gets
+    the request as it would be written and returns the answer, which is fed to the request's
+    ``ResponseReader`` with the calls ``Http1Pool`` makes (``sending``, ``headers``, one ``body``
+    per piece stamped on arrival, then ``end``; a body that raises is a dropped connection)."""
+
+    def __init__(self, handler: Callable[[EncodedRequest], Answer]) -> None:
+        self.handler = handler
+        self.closed = False
+
+    async def exchange(self, encoded: EncodedRequest, reader: ResponseReader) -> StreamFailure | None:
+        def now() -> float:
+            return time.perf_counter() - reader.origin_s
+
+        reader.sending()
+        answer = self.handler(encoded)
+        headers = {name.lower(): value for name, value in answer.headers.items()}
+        try:
+            reader.headers(answer.status, headers.get("content-type", ""), headers.get("content-encoding", ""),
+                           now())
+            if isinstance(answer.body, bytes):
+                reader.body(answer.body, now())
+            else:
+                try:
+                    async for piece in answer.body:
+                        reader.body(piece, now())
+                except StreamFailure:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - the connection dropped mid-body
+                    return reader.broken(str(exc))
+            reader.end()
+        except StreamFailure as exc:
+            return exc
+        return None
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def mock_client(handler: Callable[[EncodedRequest], Answer], **kw: Any) -> StreamingClient:
     return StreamingClient("http://mock/v1", model="m", origin_s=time.perf_counter(),
-                           transport=httpx.MockTransport(handler), **kw)
+                           transport=MemoryTransport(handler), **kw)
 
 
 def test_events_split_into_single_bytes_through_the_client():
@@ -529,8 +580,7 @@ def test_events_split_into_single_bytes_through_the_client():
             yield body[i : i + 1]
 
     async def main() -> RequestRecord:
-        client = mock_client(lambda request: httpx.Response(
-            200, headers={"content-type": "text/event-stream"}, content=pieces()))
+        client = mock_client(lambda request: Answer(body=pieces()))
         async with client:
             return await client.send(PreparedRequest(index=0, prompt="p", max_tokens=2), RequestRecord(index=0))
 
@@ -538,9 +588,53 @@ def test_events_split_into_single_bytes_through_the_client():
     assert rec.ok and rec.output_tokens == 2 and len(rec.chunk_times_s) == 2
 
 
+def test_compressed_stream_is_decoded_and_an_unknown_encoding_is_malformed():
+    """We ask for identity; a server that gzips anyway is decoded read by read."""
+    packer = zlib.compressobj(wbits=31)
+    packed = packer.compress(chunk("a") + chunk("b") + chunk(finish="stop") + usage_chunk(1, 2) + DONE)
+    packed += packer.flush()
+
+    async def pieces():
+        for i in range(0, len(packed), 7):
+            yield packed[i : i + 7]
+
+    def answer(encoding: str, body: Any) -> Callable[[EncodedRequest], Answer]:
+        return lambda request: Answer(headers={"Content-Type": "text/event-stream", "Content-Encoding": encoding},
+                                      body=body)
+
+    async def main(handler: Callable[[EncodedRequest], Answer]) -> RequestRecord:
+        async with mock_client(handler) as client:
+            return await client.send(PreparedRequest(index=0, prompt="p", max_tokens=2), RequestRecord(index=0))
+
+    rec = asyncio.run(main(answer("gzip", pieces())))
+    assert rec.ok and rec.token_source == "usage" and rec.output_tokens == 2 and len(rec.chunk_times_s) == 2
+    rec = asyncio.run(main(answer("br", packed)))
+    assert_failed(rec, "malformed")
+    assert "content-encoding 'br'" in rec.error_detail
+
+
+def test_error_body_is_read_only_so_far():
+    """A server answering an error with megabytes of HTML: the client stops reading at 16 KiB."""
+    served: list[int] = []
+
+    async def html():
+        for _ in range(100):
+            served.append(1)
+            yield b"<p>" + b"x" * 1021
+
+    async def main() -> RequestRecord:
+        async with mock_client(lambda request: Answer(500, {"content-type": "text/html"}, html())) as client:
+            return await client.send(PreparedRequest(index=0, prompt="p", max_tokens=2), RequestRecord(index=0))
+
+    rec = asyncio.run(main())
+    assert_failed(rec, "http_5xx")
+    assert rec.status_code == 500 and rec.error_detail.startswith("HTTP 500: <p>xxx")
+    assert len(served) == 16  # 16 reads of 1 KiB, then the answer is settled
+
+
 def test_unknown_api_is_a_clear_error():
     async def main() -> None:
-        async with mock_client(lambda request: httpx.Response(500)) as client:
+        async with mock_client(lambda request: Answer(status=500)) as client:
             await client.send(PreparedRequest(index=4, prompt="p", max_tokens=2, api="embeddings"),
                               RequestRecord(index=4))
 
