@@ -228,3 +228,7 @@ def test_the_gate_says_when_mains_history_was_rebased_and_learns_only_from_after
     # two sessions in the store, one counts
     assert len(BaselineStore(pytester.path / ".llmperf").runs("main")) == 2
     assert "session model: 1 main session(s) (prior)" in _tpot_method(pytester, "r-after")
+    # The reports say it too: the JSON document's baseline and the Markdown summary.
+    doc = json.loads((pytester.path / "r-after" / "llmperf.json").read_text())
+    assert "rebased on" in doc["baseline"]["history"] and "H200 nodes, driver 560" in doc["baseline"]["history"]
+    assert "H200 nodes, driver 560; 1 session(s) since" in (pytester.path / "r-after" / "llmperf-summary.md").read_text()

@@ -324,6 +324,7 @@ def report_document(result: CompareResult, baseline: RunSource, candidate: RunSo
         outcomes=outcomes,
         baseline_name=baseline.name or baseline.spec,
         baseline_source=str(baseline.path),
+        history_note=baseline.rebase_note,
     )
     # The renderers say "strict: inconclusive fails" and count failures accordingly.
     doc["strict"] = result.strict

@@ -96,6 +96,7 @@ class LLMPerfSession:
         self.history_warnings: list[str] = []
         self.reach_notes: list[str] = []
         self.baseline_source: str | None = None
+        self.history_note: str | None = None  # the baseline's history was rebased: when and why
         self.entries: dict[str, SavedEntry] = {}
         self.late_regressions: list[str] = []
         self.saved_path: str | None = None
@@ -335,6 +336,7 @@ class LLMPerfSession:
         tr = self.config.pluginmanager.get_plugin("terminalreporter")
         # Main's history started anew on purpose: say since when and why, and how short it is.
         rebase_note = history.rebase_note()
+        self.history_note = rebase_note
         if rebase_note is not None and tr is not None:
             tr.write_line(f"llmperf: {rebase_note}")
         if not history.runs:
@@ -544,6 +546,7 @@ class LLMPerfSession:
             baseline_source=reference["label"] if reference is not None else self.baseline_source,
             reference=reference,
             launches=self.launches_doc(),
+            history_note=self.history_note if reference is None else None,
             strict=self.options.strict,
         )
 

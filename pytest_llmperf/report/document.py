@@ -66,13 +66,15 @@ def build_document(
     baseline_source: str | None = None,
     reference: Mapping[str, Any] | None = None,
     launches: Mapping[str, Any] | None = None,
+    history_note: str | None = None,
     strict: bool = False,
 ) -> dict[str, Any]:
     """Assemble the document from run entries (``gate.run_entry``) keyed ``<nodeid>#<i>``.
 
     ``reference``: in A/B mode, what the baseline is (the reference server measured in the same
     session: its label, launches, server and, when a side failed, why the session stopped); the
-    baseline entries are then the reference's runs."""
+    baseline entries are then the reference's runs. ``history_note``: what a stored baseline's
+    history says of itself (``History.rebase_note``: started anew on purpose, and when)."""
     comparisons = comparisons or {}
     slo_checks = slo_checks or {}
     gate_errors = gate_errors or {}
@@ -118,7 +120,7 @@ def build_document(
         "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "server": dict(server) if server else None,
         "launches": dict(launches) if launches else None,
-        "baseline": _baseline(baseline_name, baseline_source, reference),
+        "baseline": _baseline(baseline_name, baseline_source, reference, history_note),
         "strict": strict,
         "headline": headline_from_counts(counts),
         "counts": counts,
@@ -126,12 +128,15 @@ def build_document(
     }
 
 
-def _baseline(name: str | None, source: str | None, reference: Mapping[str, Any] | None) -> dict[str, Any] | None:
+def _baseline(name: str | None, source: str | None, reference: Mapping[str, Any] | None,
+              history_note: str | None = None) -> dict[str, Any] | None:
     if not name:
         return None
     out: dict[str, Any] = {"name": name, "source": source, "kind": "reference" if reference is not None else "stored"}
     if reference is not None:
         out["reference"] = dict(reference)
+    if history_note:
+        out["history"] = history_note
     return out
 
 

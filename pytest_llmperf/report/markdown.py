@@ -240,6 +240,9 @@ def render_markdown(
     runs = list(iter_runs(doc))
     order = sorted(range(len(runs)), key=lambda i: _run_rank(runs[i][1], strict))
     head = [headline(doc), "", _context_line(doc)]
+    history = (doc.get("baseline") or {}).get("history")
+    if history:
+        head += ["", f"_{history}_"]
     if plots is not None and getattr(plots, "skipped_reason", None):
         head += ["", f"_{plots.skipped_reason}_"]
     head_text = "\n".join(head) + "\n"
