@@ -392,7 +392,9 @@ class GateSession:
             reason = (f"nothing has measured session noise yet ({model.sessions} main session(s) of one launch): "
                       f"with the {cv_of(math.sqrt(model.total.session_prior)):.0%} prior a change is confirmed "
                       f"only beyond {fmt_pct(detect)}; {_settle_hint(model)}")
-        elif verdict is Verdict.INCONCLUSIVE and detect > 2 * tolerance:
+        elif verdict is Verdict.INCONCLUSIVE:
+            # Against main's sessions, more trials shrink only the trial part: say what would help.
+            reason = "; ".join(part for part in reason.split("; ") if "more trials" not in part)
             reason = f"{reason}; {_settle_hint(model)}" if reason else _settle_hint(model)
         return dataclasses.replace(
             comp, baseline_value=math.exp(model.mean), candidate_value=math.exp(logs.mean),
