@@ -31,22 +31,37 @@ def _not_in_ci(monkeypatch):
 # file, so the split is one table to review; `realengine` tests are serial too (a CPU engine wants
 # both cores). Any test may also carry @pytest.mark.serial itself.
 SERIAL: dict[str, frozenset[str] | None] = {
-    # gate end to end: A/A sessions must read UNCHANGED, slowed ones REGRESSED, invalid ones invalid
-    "test_baseline_gate.py": None,
-    "test_compare_cli.py": None,
+    # gate end to end: A/A sessions must read UNCHANGED, slowed ones REGRESSED (the tests of the
+    # same files that check store errors, usage errors or pure statistics run in parallel)
+    "test_baseline_gate.py": frozenset({
+        "test_aa_passes_and_slowdown_regresses_tpot_and_goodput", "test_trials_mode_aa_passes_and_slowdown_regresses",
+        "test_improvement_reads_improved",
+    }),
+    "test_compare_cli.py": None,  # every test shares one module fixture: main, A/A and slowed sessions
     "test_one_gate.py": None,
     "test_adaptive_trials.py": None,
-    "test_ab.py": None,
-    "test_bisect.py": None,
-    "test_xdist.py": None,  # verdicts under xdist must match a run without it
-    "test_invalid_runs.py": None,  # validity is judged on client lag
+    "test_ab.py": frozenset({
+        "test_a_slower_candidate_regresses_against_the_reference", "test_two_identical_servers_pass",
+        "test_reference_already_running_at_a_url", "test_bisect_exit_codes_in_ab_mode",
+        "test_capacity_searches_are_compared_side_by_side",
+    }),
+    "test_bisect.py": frozenset({
+        "test_git_bisect_run_finds_the_commit_that_slowed_the_server",
+        "test_git_bisect_run_in_ab_mode_needs_no_stored_baseline",
+    }),
+    "test_xdist.py": frozenset({"test_verdicts_under_xdist_match_a_run_without_it"}),
     # the simulator held to its model, and load-generator / pacer / worker timing
     "test_sim_fidelity.py": None,
     "test_loadgen.py": None,
-    "test_workers.py": None,
+    "test_workers.py": frozenset({"test_open_loop_summary_is_the_same_from_one_or_two_workers"}),
     "test_ray.py": None,  # clock offsets and dispatch lag across Ray workers
-    "test_integration.py": None,
-    "test_multiturn.py": None,
+    "test_integration.py": frozenset({
+        "test_cold_run_has_no_prefix_hits_and_warm_run_hits_with_lower_ttft", "test_slowdown_scales_tpot",
+    }),
+    "test_multiturn.py": frozenset({
+        "test_follow_up_turns_resend_the_answers_hit_the_cache_and_start_faster",
+        "test_max_concurrency_caps_requests_in_flight_with_a_rate",
+    }),
     "test_arrivals.py": frozenset({"test_pacer_never_releases_early_and_is_not_millisecond_quantised"}),
     "test_capacity.py": frozenset({"test_capacity_matches_the_simulators_saturation_and_drops_with_a_slowdown"}),
     "test_traces.py": frozenset({"test_replay_on_the_simulator_sends_every_row_on_time_and_hits_shared_prefixes"}),
