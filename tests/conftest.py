@@ -105,6 +105,14 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_configure(config):
-    unknown = {f: names for f, names in SERIAL.items() if not (TESTS / f).is_file()}
-    if unknown:  # a renamed file would silently leave the serial group
-        raise pytest.UsageError(f"tests/conftest.py SERIAL names missing files: {sorted(unknown)}")
+    # A renamed file or test would silently leave the serial group and run beside another worker.
+    missing = []
+    for file, names in SERIAL.items():
+        path = TESTS / file
+        if not path.is_file():
+            missing.append(file)
+            continue
+        source = path.read_text()
+        missing.extend(f"{file}::{name}" for name in sorted(names or ()) if f"def {name}(" not in source)
+    if missing:
+        raise pytest.UsageError(f"tests/conftest.py SERIAL names tests that do not exist: {', '.join(missing)}")
