@@ -3,7 +3,7 @@
 # built-in simulator (no GPU needed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh plots,fast
 PORT=${LLMPERF_DEMO_PORT:-18123}
 .venv/bin/llmperf sim --preset llama-3.1-8b-h100 --port "$PORT" --time-scale 1 > .venv/demo-sim.log 2>&1 &
 SIM=$!

@@ -12,7 +12,7 @@
 # LLMPERF_DURATION_SCALE (default 0.6; too short and medians have too few requests to be gated).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh plots,fast
 
 work=${LLMPERF_DRY_RUN_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/llmperf-dry-run.XXXXXX")}
 mkdir -p "$work"

@@ -36,8 +36,7 @@ SCALE=${GPU_CHECK_SCALE:-0.3}
 TRIALS=${GPU_CHECK_TRIALS:-2}
 
 # 1. The project's venv, with nvidia-ml-py (the [gpu] extra) so every trial samples the GPU.
-bash scripts/setup.sh
-.venv/bin/python -m pip install --quiet -e ".[gpu]" || die "pip could not install pytest-llmperf[gpu]"
+bash scripts/setup.sh plots,fast,gpu || die "could not install pytest-llmperf[plots,fast,gpu] into .venv"
 
 # 2. vLLM's GPU build in its own venv (marked complete only once it imports).
 if [ ! -f "$DEST/.complete" ]; then

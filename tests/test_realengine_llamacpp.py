@@ -4,7 +4,9 @@ The model is written here with the ``gguf`` package (nothing is downloaded); lla
 from scripts/install-llamacpp.sh (or $LLMPERF_LLAMA_SERVER, or PATH). Without either, the tests
 that need it skip and say what to install; with LLMPERF_REQUIRE_LLAMACPP=1 (CI) they fail instead,
 so a broken install cannot pass as a skip. The tests that start the server are marked
-``realengine``.
+``realengine`` (and run in the test command's serial group). What a CPU engine on a shared 2-core
+machine shows reliably is checked (plumbing, counters, cache state, that a verdict was reached),
+never its speed from one launch to the next.
 """
 
 import json
@@ -17,6 +19,7 @@ import pytest
 from pytest_llmperf.load.prompts import COMMON_WORDS
 from pytest_llmperf.servers.presets import build_launch
 from pytest_llmperf.servers.process import free_port
+from pytest_llmperf.stats import VERDICTS
 from pytest_llmperf.telemetry.prometheus import parse_exposition
 from pytest_llmperf.testing import find_llama_server
 from pytest_llmperf.testing.tiny_gguf import (
@@ -207,6 +210,21 @@ def _passed(result):
         "\n".join(result.outlines[-60:]))
 
 
+def _gated(result, run, outcome):
+    """The compared session produced a verdict, and the test's outcome is what that verdict says:
+    passed, or failed by the gate alone (REGRESSED), never by an SLO, an error or a broken gate.
+    Which verdict it is depends on the CPU's speed in each launch, so it is not asserted."""
+    assert run["verdicts"], "no verdict against the baseline"
+    assert {v["verdict"] for v in run["verdicts"]} <= set(VERDICTS), run["verdicts"]
+    assert run["gate_error"] is None and run["slo_passed"] is True, (run["gate_error"], run["slo_checks"])
+    regressed = any(v["verdict"] == "regressed" for v in run["verdicts"])
+    assert outcome == ("failed" if regressed else "passed"), "\n".join(result.outlines[-60:])
+    outcomes = result.parseoutcomes()
+    assert not outcomes.get("errors") and outcomes.get(outcome) == 1, "\n".join(result.outlines[-60:])
+    if regressed:
+        result.stdout.fnmatch_lines(["*performance regressed against baseline 'main'*"])
+
+
 @pytest.mark.realengine
 def test_plugin_end_to_end_with_slo_and_baseline(on_path, tiny_model, pytester):
     pytester.makepyfile(test_perf=PERF_TEST)
@@ -218,23 +236,24 @@ def test_plugin_end_to_end_with_slo_and_baseline(on_path, tiny_model, pytester):
     saved.stdout.fnmatch_lines(["*server: llamacpp b* serving *tiny-llama.gguf*", "*test_tiny_llama*PASS*",
                                 "*saved baseline 'main'*"])
 
-    # Two sessions on a shared CPU differ by 10-20% in TPOT (whatever else runs meanwhile), and two
-    # trials per side cannot see that spread: only a gross change may fail this smoke test. The
-    # gate's power and false-alarm rate are tested against the simulator.
+    # Two launches of a CPU engine on a shared 2-core machine differ by whatever else runs meanwhile
+    # (goodput 49.3 -> 28.2 req/s between two A/A sessions has been seen), so this checks that the
+    # gate ran on real measurements, not which verdict it reached. The gate's power and false-alarm
+    # rate are tested against the simulator, whose speed is under the tests' control.
     compared = pytester.runpytest(*args, "--llmperf-baseline", "main", "--llmperf-tolerance", "0.5")
-    _passed(compared)
     compared.stdout.fnmatch_lines(["*against baseline 'main'*", "*tpot_p50*"])
 
     doc = json.loads((pytester.path / ".llmperf" / "report" / "llmperf.json").read_text())
     assert doc["server"]["preset"] == "llamacpp"
     assert doc["server"]["version"].startswith("b")  # llama-server's build_info, e.g. b11434-...
-    (run,) = doc["tests"][0]["runs"]
-    assert run["slo_passed"] is True
+    (test,) = doc["tests"]
+    (run,) = test["runs"]
+    _gated(compared, run, test["outcome"])
+    assert doc["baseline"]["name"] == "main" and run["baseline_summary"] is not None
     assert run["fingerprint"]["engine"] == "llamacpp"
     assert run["fingerprint"]["engine_version"] == doc["server"]["version"]
     assert run["cache_check"]["held"] is True  # cold: (next to) nothing reused from the slots
     assert {v["name"] for v in run["verdicts"]} >= {"tpot_p50"}
-    assert "REGRESSED" not in compared.stdout.str()
     telemetry = run["telemetry"]
     assert len(telemetry) == 2
     for trial in telemetry:

@@ -8,7 +8,9 @@ broken install cannot pass as a skip.
 
 One pytest session per server launch (vLLM takes ~30 s to come up on 2 cores): a first session
 saves a baseline from a cold and a warm test, a second compares against it and ends with a test
-that kills vLLM's engine core mid-run.
+that kills vLLM's engine core mid-run. What a CPU engine on a shared 2-core machine shows reliably
+is checked (plumbing, counters, cache state, failure handling, that a verdict was reached), never
+its speed from one launch to the next.
 """
 
 import json
@@ -19,6 +21,7 @@ import pytest
 
 from pytest_llmperf.load.prompts import COMMON_WORDS
 from pytest_llmperf.servers import VLLM_CPU, ServerStartError, build_launch, free_port
+from pytest_llmperf.stats import VERDICTS
 from pytest_llmperf.testing import TinyModelError, build_tiny_llama_hf, find_vllm_python
 
 REQUIRED = os.environ.get("LLMPERF_REQUIRE_VLLM", "") not in ("", "0")
@@ -197,12 +200,32 @@ def test_plugin_end_to_end_against_vllm_cpu(vllm_python, tiny_model, pytester, m
         assert run["fingerprint"]["engine"] == "vllm"
         assert run["fingerprint"]["engine_version"] == doc["server"]["version"]
 
+    # Two launches of vLLM's CPU build on a shared 2-core machine differ by whatever else runs
+    # meanwhile (an A/A pair has read "goodput 49.3 -> 28.2 req/s ... REGRESSED"), so this checks that
+    # both tests were gated on real measurements against comparable baseline runs, not which verdict
+    # the gate reached. The gate's power and false-alarm rate are tested against the simulator.
     compared = pytester.runpytest_subprocess(*args, "--llmperf-baseline", "main", "--llmperf-tolerance", "0.5",
                                              timeout=600)
-    _outcomes(compared, passed=2, failed=1)
     out = compared.stdout.str()
     compared.stdout.fnmatch_lines(["*against baseline 'main'*"])
-    assert "REGRESSED" not in out and "not comparable" not in out
+    assert "not comparable" not in out
+    doc = json.loads((pytester.path / ".llmperf" / "report" / "llmperf.json").read_text())
+    assert doc["baseline"]["name"] == "main"
+    tests = {t["nodeid"].split("::")[-1]: t for t in doc["tests"]}
+    regressed = 0
+    for name in ("test_cold", "test_warm"):
+        (run,) = tests[name]["runs"]
+        assert run["verdicts"], (name, "no verdict against the baseline")
+        assert {v["verdict"] for v in run["verdicts"]} <= set(VERDICTS), run["verdicts"]
+        assert run["gate_error"] is None and run["slo_passed"] is True, (name, run["gate_error"], run["slo_checks"])
+        assert run["baseline_summary"] is not None and run["cache_check"]["held"] is True, name
+        # passed, or failed by the gate alone: never by an SLO, an error or a broken gate
+        failed_by_gate = any(v["verdict"] == "regressed" for v in run["verdicts"])
+        assert tests[name]["outcome"] == ("failed" if failed_by_gate else "passed"), "\n".join(compared.outlines[-80:])
+        regressed += failed_by_gate
+    _outcomes(compared, passed=2 - regressed, failed=1 + regressed)
+    if regressed:
+        compared.stdout.fnmatch_lines(["*performance regressed against baseline 'main'*"])
     # the killed engine: the failed requests, then the server's death with its own last words
     compared.stdout.fnmatch_lines([
         "*test_server_dies*",
