@@ -39,6 +39,8 @@ SERIAL: dict[str, frozenset[str] | None] = {
     }),
     "test_compare_cli.py": None,  # every test shares one module fixture: main, A/A and slowed sessions
     "test_one_gate.py": None,
+    # the README's save-then-gate flow: the example suites' absolute SLO limits must hold
+    "test_example_flow.py": None,
     "test_adaptive_trials.py": None,
     "test_ab.py": frozenset({
         "test_a_slower_candidate_regresses_against_the_reference", "test_two_identical_servers_pass",
