@@ -38,7 +38,8 @@ is what a runner does to one statistic beyond the shift it gives all, :data:`SPE
 freedom count once; a statistic's total spread never borrows from the other statistics of the
 same sessions (they share the session effect, so they are not independent evidence). Only the
 specific parts, which are independent across statistics once the shift is removed, are pooled
-with the same statistic of the other tests (a TPOT median with TPOT medians).
+with the same statistic of the other tests (a TPOT median with TPOT medians), and count at most
+as much as the statistic's own data (they share its launches).
 
 The difference θ̂ = b̄_c − mean_j b̄_j between a candidate job of L_c launches and K baseline
 jobs of L_b launches has
@@ -209,16 +210,15 @@ class Component:
         level's own estimate (the specific parts, pooled with their peers)."""
         k = max(self.sessions, 1)
         l_c = max(len(candidate_launches), 1)
-        ss, dof = self.launch_ss, float(self.launch_df)
+        cand_ss, cand_df = 0.0, 0
         if len(candidate_launches) >= 2 and all(math.isfinite(x) for x in candidate_launches):
             c = np.asarray(candidate_launches, dtype=float)
-            ss += float(((c - c.mean()) ** 2).sum())
-            dof += len(c) - 1
-        w: float | None
-        if pooled[1] > 0:
-            w, dof = pooled
-        else:
-            w = ss / dof if dof > 0 else None
+            cand_ss, cand_df = float(((c - c.mean()) ** 2).sum()), len(c) - 1
+        # The baseline's launch level (or its pooled estimate), with the candidate's launches added.
+        base_var, base_df = pooled if pooled[1] > 0 else (
+            self.launch_ss / self.launch_df if self.launch_df else 0.0, float(self.launch_df))
+        dof = base_df + cand_df
+        w: float | None = (base_var * base_df + cand_ss) / dof if dof > 0 else None
         if w is None:
             total, df = _shrink(self.job_var, self.job_df, self.session_prior, self.prior_df)
             return max(total, _FLOOR_VAR) * (1.0 + 1.0 / k), df
@@ -387,7 +387,10 @@ def estimate(sessions: Sequence[Mapping[tuple[str, str], SessionLogs]], *, prior
         pooled = (0.0, 0.0)
         own = fitted[n]
         if own is not None and peers:
-            p_df = min(sum(d for _, d in peers), MAX_POOLED_DF)
+            # Peers count at most as much as the statistic's own data: they were measured on the
+            # same launches, and a statistic that reacts to a launch more than the median does
+            # (a queueing-bound TTFT) carries part of that launch in its specific part.
+            p_df = min(sum(d for _, d in peers), MAX_POOLED_DF, own[1])
             p_var = sum(v * d for v, d in peers) / sum(d for _, d in peers)
             var = (own[1] * own[0] + p_df * p_var) / (own[1] + p_df)
             launches_measured = specific[n].launch_df > 0
