@@ -54,13 +54,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pytest_llmperf.baseline.store import BaselineCorrupt, BaselineTooNew, StoreWarning
+from pytest_llmperf.defaults import DEFAULT_HISTORY
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
     from pytest_llmperf.baseline.store import BaselineStore, RebaseMark, SavedRun
 
-DEFAULT_HISTORY = 10
 MIN_SEGMENT = 2
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,9 +26,10 @@ from pytest_llmperf.baseline.gate import BISECT_ABORT, GateSession, GateSettings
 from pytest_llmperf.baseline.history import load_history
 from pytest_llmperf.baseline.sessions import PRIOR_SESSION_CV
 from pytest_llmperf.baseline.store import DEFAULT_ROOT, BaselineStore, StoreError, StorePath, load_run
-from pytest_llmperf.cli.options import option_spec
+from pytest_llmperf.cli.options import add_shared_argument, option_spec
+from pytest_llmperf.defaults import DEFAULT_HISTORY
 from pytest_llmperf.errors import InputError, cli_flag, pytest_flag
-from pytest_llmperf.fingerprint import FingerprintError, FingerprintMismatch, valid_fields
+from pytest_llmperf.fingerprint import FingerprintError, FingerprintMismatch
 from pytest_llmperf.formatting import fmt_s, table
 from pytest_llmperf.objectives import SLOError
 from pytest_llmperf.stats import DEFAULT_ALPHA, DEFAULT_TOLERANCE, Comparison, Verdict
@@ -359,52 +360,6 @@ def write_outputs(doc: Mapping[str, Any], *, markdown: Path | None = None, json_
 # ---------------------------------------------------------------------- command line
 
 
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 < value < 1:
-        raise argparse.ArgumentTypeError(f"must be a fraction between 0 and 1 (e.g. 0.05 for 5%), got {text!r}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _from_option_table(name: str) -> Callable[[str], Any]:
-    """An argparse type for a setting the plugin shares (``--session-cv`` is
-    ``--llmperf-session-cv``): the option table's own validator, its message kept."""
-    check = option_spec(name).type
-
-    def parse(text: str) -> Any:
-        try:
-            return check(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(f"invalid value {text!r}: {exc}") from None
-
-    parse.__name__ = name
-    return parse
-
-
-def _allow_list(text: str) -> list[str]:
-    names = [p.strip() for p in text.split(",") if p.strip()]
-    valid = set(valid_fields())
-    unknown = [n for n in names if n not in valid and not (n.startswith("extra.") and len(n) > 6)]
-    if unknown:
-        raise argparse.ArgumentTypeError(
-            f"unknown fingerprint field(s) {', '.join(unknown)}; valid fields: {', '.join(valid_fields())} (or extra.<key>)"
-        )
-    return names
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=PROG,
@@ -414,27 +369,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("baseline", help="baseline name in the store (its newest run) or a saved run file (.json.gz / .json)")
     p.add_argument("candidate", help="the run to judge: a name in the store or a file, like BASELINE")
-    p.add_argument("--store", default=str(DEFAULT_ROOT), metavar="DIR|URL",
-                   help=f"baseline store: a directory or a URL such as s3://bucket/prefix (default: {DEFAULT_ROOT})")
-    p.add_argument("--tolerance", type=_fraction, default=DEFAULT_TOLERANCE, metavar="F",
-                   help="relative change tolerated before a regression fails (default 0.05); "
-                        "a test's @slo(tolerance=...) wins, as in the plugin")
-    p.add_argument("--alpha", type=_fraction, default=DEFAULT_ALPHA, metavar="F",
-                   help="significance level (default 0.05)")
-    p.add_argument("--history", type=_positive_int, default=10, metavar="N",
-                   help="learn session noise from the last N saved runs of a BASELINE name measured on the "
-                        "same setup, since the last change point, as --llmperf-history does (default 10)")
-    session_cv = option_spec("session-cv")
-    p.add_argument("--session-cv", type=_from_option_table("session-cv"), default=session_cv.default, metavar="F",
-                   help=session_cv.help.replace("`llmperf history NAME --noise`", "'llmperf history NAME --noise'")
-                   .replace("%", "%%") + "; as --llmperf-session-cv")
-    p.add_argument(ALLOW_FLAG, dest="allow", type=_allow_list, default=[], metavar="A,B",
-                   help="fingerprint fields allowed to differ (e.g. gpu_driver,engine_version)")
-    p.add_argument("--strict", action="store_true",
-                   help="also fail on INCONCLUSIVE verdicts and on candidate runs with no baseline counterpart")
-    p.add_argument("--bisect", action="store_true",
-                   help="exit in git bisect run terms: 0 unchanged or improved, 1 regressed, 125 inconclusive or "
-                        "not gated (bisect skips the commit), 128 a usage or data error (bisect stops)")
+    add_shared_argument(p, "store", "--store", metavar="DIR|URL",
+                        help=f"baseline store: a directory or a URL such as s3://bucket/prefix (default: {DEFAULT_ROOT})")
+    add_shared_argument(p, "tolerance", "--tolerance", metavar="F",
+                        help="relative change tolerated before a regression fails "
+                             f"(default {option_spec('tolerance').default:g}); "
+                             "a test's @slo(tolerance=...) wins, as in the plugin")
+    add_shared_argument(p, "alpha", "--alpha", metavar="F", help=f"significance level (default {option_spec('alpha').default:g})")
+    add_shared_argument(p, "history", "--history", metavar="N",
+                        help="learn session noise from the last N saved runs of a BASELINE name measured on the "
+                             "same setup, since the last change point, as --llmperf-history does "
+                             f"(default {DEFAULT_HISTORY})")
+    add_shared_argument(p, "session-cv", "--session-cv", metavar="F",
+                        help=option_spec("session-cv").help
+                        .replace("`llmperf history NAME --noise`", "'llmperf history NAME --noise'")
+                        .replace("%", "%%") + "; as --llmperf-session-cv")
+    add_shared_argument(p, "allow-diff", ALLOW_FLAG, dest="allow", metavar="A,B",
+                        help="fingerprint fields allowed to differ (e.g. gpu_driver,engine_version)")
+    add_shared_argument(p, "strict", "--strict",
+                        help="also fail on INCONCLUSIVE verdicts and on candidate runs with no baseline counterpart")
+    add_shared_argument(p, "bisect", "--bisect",
+                        help="exit in git bisect run terms: 0 unchanged or improved, 1 regressed, 125 inconclusive "
+                             "or not gated (bisect skips the commit), 128 a usage or data error (bisect stops)")
     p.add_argument("--markdown", type=Path, metavar="OUT", help="write the Markdown summary (llmperf-summary.md) here")
     p.add_argument("--json", dest="json_out", type=Path, metavar="OUT", help="write the JSON report (llmperf.json) here")
     p.add_argument("--report-dir", type=Path, metavar="DIR",

@@ -371,7 +371,7 @@ class LLMPerfSession:
         self.entries[key] = entry
         if reference is not None and self.gate is not None and self.gate.paired:
             self.gate.add_reference(key, reference)
-            name = "reference"
+            name: str | None = "reference"
         else:
             name = self.options.baseline
         if not name:
