@@ -8,8 +8,10 @@ The decision is the plugin's: both run the one :class:`~pytest_llmperf.baseline.
 (family, tolerance, run and capacity entries, Bonferroni then Holm), so running this on the files
 a CI job saved reproduces the verdicts and exit code of that job.
 
-Exit codes: 0 nothing failed, 1 a REGRESSED verdict (with ``--strict`` also INCONCLUSIVE and runs
-with no baseline counterpart), 2 a usage or data error (one line on stderr, no traceback).
+Exit codes: 0 nothing failed, 1 a REGRESSED verdict or a run not comparable with its baseline (its
+fingerprint differs in a field ``--allow-diff`` does not name: that run fails, the others are
+judged, as in the plugin; with ``--strict`` also INCONCLUSIVE and runs with no baseline
+counterpart), 2 a usage or data error (one line on stderr, no traceback).
 """
 
 from __future__ import annotations
@@ -317,8 +319,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=PROG,
         description="Compare two saved runs with the merge gate's statistics and print the verdicts. "
-                    "Exit 0: nothing regressed; 1: a regression (or, with --strict, an inconclusive "
-                    "verdict or a run with no baseline); 2: a usage or data error.",
+                    "Exit 0: nothing regressed; 1: a regression or a run not comparable (or, with --strict, "
+                    "an inconclusive verdict or a run with no baseline); 2: a usage or data error.",
     )
     p.add_argument("baseline", help="baseline name in the store (its newest run) or a saved run file (.json.gz / .json)")
     p.add_argument("candidate", help="the run to judge: a name in the store or a file, like BASELINE")
