@@ -174,6 +174,6 @@ def test_library_defaults_are_the_tables():
     assert option_spec("history").default == DEFAULT_HISTORY == defaults.DEFAULT_HISTORY
     assert option_spec("store").default == defaults.DEFAULT_STORE == str(DEFAULT_ROOT)
     assert option_spec("report-dir").default == f"{DEFAULT_ROOT}/report"
-    assert option_spec("tolerance").default == DEFAULT_TOLERANCE
-    assert option_spec("alpha").default == DEFAULT_ALPHA
-    assert option_spec("session-cv").default == PRIOR_SESSION_CV
+    assert option_spec("tolerance").default == DEFAULT_TOLERANCE == defaults.DEFAULT_TOLERANCE
+    assert option_spec("alpha").default == DEFAULT_ALPHA == defaults.DEFAULT_ALPHA
+    assert option_spec("session-cv").default == PRIOR_SESSION_CV == defaults.DEFAULT_SESSION_CV

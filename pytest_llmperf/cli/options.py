@@ -7,7 +7,7 @@ for the settings it shares with the plugin (``llmperf compare --tolerance`` is
 resolved options and the command can never drift apart.
 
 This module is read when pytest loads the plugin: it imports the standard library and the
-store's constants (:mod:`pytest_llmperf.defaults`) only.
+defaults it shares with the library (:mod:`pytest_llmperf.defaults`) only.
 """
 
 from __future__ import annotations
@@ -18,7 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_llmperf.defaults import DEFAULT_HISTORY, DEFAULT_KEEP, DEFAULT_STORE
+from pytest_llmperf.defaults import (
+    DEFAULT_ALPHA,
+    DEFAULT_HISTORY,
+    DEFAULT_KEEP,
+    DEFAULT_SESSION_CV,
+    DEFAULT_STORE,
+    DEFAULT_TOLERANCE,
+)
 from pytest_llmperf.errors import InputError
 
 if TYPE_CHECKING:
@@ -157,13 +164,13 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("history", "sessions of the baseline's history the gate learns session noise from: the last N "
                f"saved runs measured on the same setup, since the last change point (default {DEFAULT_HISTORY})",
                DEFAULT_HISTORY, _positive_int),
-    # The default is the gate's PRIOR_SESSION_CV (baseline/sessions.py; a test pins the two
-    # together): this table is read when pytest loads the plugin, so it must not import numpy.
     OptionSpec("session-cv", "session-to-session spread (CV, a fraction) the gate assumes while the baseline's "
                "history is too short to measure it (under 3 sessions); `llmperf history NAME --noise` suggests "
-               "one for your fleet (default 0.05)", 0.05, _fraction),
-    OptionSpec("tolerance", "relative change tolerated before a regression can fail (default 0.05)", 0.05, _fraction),
-    OptionSpec("alpha", "significance level of the regression test (default 0.05)", 0.05, _fraction),
+               f"one for your fleet (default {DEFAULT_SESSION_CV:g})", DEFAULT_SESSION_CV, _fraction),
+    OptionSpec("tolerance", f"relative change tolerated before a regression can fail (default {DEFAULT_TOLERANCE:g})",
+               DEFAULT_TOLERANCE, _fraction),
+    OptionSpec("alpha", f"significance level of the regression test (default {DEFAULT_ALPHA:g})", DEFAULT_ALPHA,
+               _fraction),
     OptionSpec("trials", "default number of trials per workload (a trial is a full run)", None, _positive_int),
     OptionSpec("launches", "launch the server L times in the session (default 1), each launch serving every "
                "selected perf test's share of the trials (ceil(trials / L) each), so launch-to-launch noise is "
