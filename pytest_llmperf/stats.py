@@ -115,6 +115,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from scipy import stats as sps
 
+from pytest_llmperf import defaults
 from pytest_llmperf.formatting import fmt_pair, fmt_pct, fmt_tolerance
 
 if TYPE_CHECKING:
@@ -142,8 +143,8 @@ __all__ = [
     "trials_needed",
 ]
 
-DEFAULT_ALPHA = 0.05
-DEFAULT_TOLERANCE = 0.05
+DEFAULT_ALPHA = defaults.DEFAULT_ALPHA
+DEFAULT_TOLERANCE = defaults.DEFAULT_TOLERANCE
 # Smallest trials per side for which the calibration benchmark (benchmarks/gate_calibration.py)
 # reaches power ≥ 0.9 at 2× the default tolerance for p95 latency, whose trial-to-trial CV there is
 # ≈ 4.5% (a 3% run-level effect plus the sampling noise of a p95 over 1000 correlated requests).

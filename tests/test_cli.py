@@ -63,3 +63,47 @@ def test_workload_typo_names_file_and_line(tmp_path, capsys):
 def test_unknown_sim_preset_lists_valid_ones(capsys):
     assert main(["sim", "--preset", "gpt-17"]) == 2
     assert "llama-3.1-8b-h100" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------- opening a baseline
+
+
+def _session(model: str) -> dict:
+    return {"tests": {"t.py::test_chat#0": {"fingerprint": {"model": model}, "trials": []}}}
+
+
+def test_a_baseline_name_opens_as_the_plugin_opens_it(tmp_path, capsys):
+    """`llmperf compare` reads a baseline name with the plugin's open_baseline: the newest run and
+    its history, a malformed older session skipped with a one-line warning, a malformed newest
+    one a data error (exit 2) naming the file and the entry."""
+    from pytest_llmperf.baseline.history import open_baseline
+    from pytest_llmperf.baseline.store import BaselineCorrupt, BaselineStore
+    from pytest_llmperf.cli.compare import load_side
+
+    store = BaselineStore(tmp_path, keep=None)
+    store.save("main", _session("a"))
+    store.save("main", {"tests": {"t.py::test_chat#0": {"fingerprint": "broken", "trials": []}}})
+    store.save("main", _session("b"))
+    store.save("main", _session("c"))
+    with pytest.warns(UserWarning, match=r"skipping a history file: .*'t.py::test_chat#0' has no 'fingerprint'"):
+        opened = open_baseline(store, "main", history=3)
+    assert [s["t.py::test_chat#0"]["fingerprint"]["model"] for s in opened.sessions] == ["c", "b"]
+    assert opened.session_ids[0] == opened.newest.run_id and opened.entries is opened.sessions[0]
+    with pytest.warns(UserWarning):
+        side = load_side("main", store, history=3, baseline=True)
+    assert (side.sessions, side.session_ids) == (opened.sessions, opened.session_ids)
+    assert open_baseline(store, "main", history=1).sessions == opened.sessions[:1]
+
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"tests": {"t.py::test_other#0": {"fingerprint": {}, "trials": []}}}))
+    assert main(["compare", "main", str(other), "--store", str(tmp_path), "--history", "3"]) == 2
+    warning, error = capsys.readouterr().err.splitlines()
+    assert warning.startswith("llmperf compare: warning: skipping a history file: ")
+    assert error.startswith("llmperf compare: error: nothing to compare")
+
+    store.save("main", {"tests": {"t.py::test_chat#0": {"fingerprint": {}, "trials": "none"}}})
+    with pytest.raises(BaselineCorrupt, match="has no 'trials' list"):
+        open_baseline(store, "main")
+    assert main(["compare", "main", "main", "--store", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "llmperf compare: error: " in err and "'t.py::test_chat#0' has no 'trials' list" in err

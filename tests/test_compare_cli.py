@@ -180,19 +180,36 @@ def test_reports(runs, capsys, tmp_path):
     assert f"wrote {md}" in out
 
 
-def test_fingerprint_mismatch_exits_2_unless_allowed(runs, capsys, tmp_path):
-    def other_model(run):
-        for entry in run["tests"].values():
-            entry["fingerprint"]["model"] = "someone/else"
+def test_fingerprint_mismatch_fails_that_test_unless_allowed(runs, capsys, tmp_path):
+    """As in the plugin: a run measured on another setup fails as "not comparable", naming the
+    differing fields, and the other runs are still judged (exit 1, not the usage error 2)."""
+    def twice(run):
+        run["tests"]["test_chat.py::test_twin#0"] = copy.deepcopy(run["tests"]["test_chat.py::test_chat#0"])
 
-    cand = _plain_json(runs, "aa", tmp_path, other_model)
-    code, _, err = _compare(capsys, "main", cand, "--store", runs / "store")
-    assert code == 2
-    line = _one_line_error(err)
+    def twice_other_model(run):
+        twice(run)
+        run["tests"]["test_chat.py::test_twin#0"]["fingerprint"]["model"] = "someone/else"
+
+    base = _plain_json(runs, "main", tmp_path, twice)
+    cand = _plain_json(runs, "aa", tmp_path, twice_other_model)
+    js = tmp_path / "report.json"
+    code, out, err = _compare(capsys, base, cand, "--json", js)
+    assert code == 1, out + err
+    assert err == ""
+    [line] = [line for line in out.splitlines() if line.startswith("NOT COMPARABLE")]
+    assert line.startswith("NOT COMPARABLE: test_twin: not comparable: ")
     assert "model" in line and "someone/else" in line and "--allow-diff model" in line
-    code, out, _ = _compare(capsys, "main", cand, "--store", runs / "store", "--allow-diff", "model")
-    assert code == 0
-    assert "compared despite differing fingerprints" in out and "someone/else" in out
+    judged = [line.split() for line in out.splitlines() if line.startswith("test_chat ")]
+    assert {row[1] for row in judged} >= {"tpot_p50", "goodput"} and "REGRESSED" not in out
+    assert "test_twin " not in out  # no verdict row for the refused run
+    [headline] = [line for line in out.splitlines() if line.startswith("llmperf compare ")]
+    assert headline.startswith("llmperf compare FAILED: ") and headline.endswith(", 1 not comparable")
+    outcomes = {t["nodeid"]: t["outcome"] for t in json.loads(js.read_text())["tests"]}
+    assert outcomes == {"test_chat.py::test_chat": "passed", "test_chat.py::test_twin": "failed"}
+    code, out, _ = _compare(capsys, base, cand, "--allow-diff", "model")
+    assert code == 0, out
+    assert "compared despite differing fingerprints" in out and "someone/else" in out and "not comparable" not in out
+    assert "test_twin " in out
 
 
 def test_keys_on_one_side_and_strict(runs, capsys, tmp_path):

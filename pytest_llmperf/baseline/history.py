@@ -42,25 +42,31 @@ History is then read only from the sessions saved after the newest marker: ``His
 holds its reason and time, and ``History.since_rebase`` counts the sessions since, so the gate
 can say plainly that it starts again from a short history (its prior session spread,
 ``--llmperf-session-cv``, standing in until three sessions are saved).
+
+**Opening a baseline.** :func:`open_baseline` is how the plugin's ``--llmperf-baseline`` and
+``llmperf compare`` both read a baseline name: its newest run, the sessions behind it, every
+entry checked for the shape the gate reads.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pytest_llmperf.baseline.store import BaselineCorrupt, BaselineTooNew, StoreWarning
+from pytest_llmperf.defaults import DEFAULT_HISTORY
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Sequence
 
-    from pytest_llmperf.baseline.store import BaselineStore, RebaseMark, SavedRun
+    from pytest_llmperf.baseline.schema import SavedEntry
+    from pytest_llmperf.baseline.store import BaselineStore, RebaseMark, SavedRun, StorePath
 
-DEFAULT_HISTORY = 10
 MIN_SEGMENT = 2
 
 
@@ -243,4 +249,74 @@ def load_history(store: BaselineStore, name: str, limit: int | None = None) -> H
     return History(name, runs, skipped, rebased=mark, since_rebase=len(listed) if mark is not None else 0)
 
 
-__all__ = ["DEFAULT_HISTORY", "History", "StatSeries", "change_points", "load_history", "recent_shift", "session_value"]
+def run_entries(run: Any, path: StorePath) -> dict[str, SavedEntry]:
+    """A saved session's run entries by key (its ``tests``), each checked to have the shape the
+    gate reads: an object with a ``fingerprint`` object and a ``trials`` list. Raises
+    :class:`~pytest_llmperf.baseline.store.BaselineCorrupt` naming the file and the entry."""
+    if not isinstance(run, Mapping) or "tests" not in run:
+        raise BaselineCorrupt(f"{path}: not a saved llmperf run: expected a JSON object with a 'tests' key")
+    tests = run["tests"]
+    if not isinstance(tests, Mapping):
+        raise BaselineCorrupt(f"{path}: 'tests' must be an object (saved run), got {type(tests).__name__}")
+    entries = {str(k): v for k, v in tests.items()}
+    for key, entry in entries.items():
+        if not isinstance(entry, Mapping):
+            raise BaselineCorrupt(f"{path}: test run {key!r} must be an object, got {type(entry).__name__}")
+        if not isinstance(entry.get("fingerprint"), Mapping):
+            raise BaselineCorrupt(f"{path}: test run {key!r} has no 'fingerprint' object")
+        if not isinstance(entry.get("trials"), list):
+            raise BaselineCorrupt(f"{path}: test run {key!r} has no 'trials' list")
+    return entries
+
+
+@dataclass
+class OpenBaseline:
+    """A baseline name opened for the gate: its newest saved run and the sessions behind it."""
+
+    name: str
+    newest: SavedRun
+    history: History
+    # Run entries of the sessions the gate learns from, newest first (the newest run's first);
+    # empty when the name was rebased and no session has been saved since.
+    sessions: list[dict[str, SavedEntry]] = field(default_factory=list)
+    session_ids: list[str] = field(default_factory=list)
+
+    @property
+    def entries(self) -> dict[str, SavedEntry]:
+        """The newest run's entries (what "the baseline" is when history is not asked for)."""
+        return self.sessions[0] if self.sessions else {}
+
+    def rebase_note(self) -> str | None:
+        return self.history.rebase_note()
+
+
+def open_baseline(store: BaselineStore, name: str, *, history: int = DEFAULT_HISTORY) -> OpenBaseline:
+    """Open baseline ``name`` as the plugin's ``--llmperf-baseline`` and ``llmperf compare`` both
+    read it: its newest run (a missing name raises
+    :class:`~pytest_llmperf.baseline.store.BaselineMissing`; a corrupt or malformed newest file
+    raises rather than falling back to an older one), and up to ``history`` sessions since its
+    newest rebase marker (:func:`load_history`), every entry checked (:func:`run_entries`). An
+    older file that cannot be read or is malformed is skipped with a
+    :class:`~pytest_llmperf.baseline.store.StoreWarning` naming it, as :func:`load_history` does."""
+    newest = store.latest(name)
+    past = load_history(store, name, limit=history)
+    opened = OpenBaseline(name, newest, past)
+    if not past.runs:
+        return opened  # rebased, and no session saved since: nothing to compare with yet
+    opened.sessions.append(run_entries(newest.run, newest.path))
+    opened.session_ids.append(newest.run_id)
+    for older in past.runs:
+        if older.run_id == newest.run_id or len(opened.sessions) >= history:
+            continue
+        try:
+            opened.sessions.append(run_entries(older.run, older.path))
+        except BaselineCorrupt as exc:
+            past.skipped.append(str(exc))
+            warnings.warn(f"skipping a history file: {exc}", StoreWarning, stacklevel=2)
+            continue
+        opened.session_ids.append(older.run_id)
+    return opened
+
+
+__all__ = ["DEFAULT_HISTORY", "History", "OpenBaseline", "StatSeries", "change_points", "load_history", "open_baseline",
+           "recent_shift", "run_entries", "session_value"]

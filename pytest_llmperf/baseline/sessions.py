@@ -81,12 +81,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from scipy import stats as sps
 
+from pytest_llmperf.defaults import DEFAULT_SESSION_CV
+
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
 MIN_SESSIONS = 3  # main sessions that measure the job-level spread well enough to say so
 PRIOR_DF = 3  # pseudo-degrees of freedom of a stated prior
-PRIOR_SESSION_CV = 0.05  # session spread assumed before anything measured it (a setting)
+PRIOR_SESSION_CV = DEFAULT_SESSION_CV  # session spread assumed before anything measured it (a setting)
 RUNNER_SHARE = 0.5  # the runner part beyond launches, as a share of the prior session spread
 SPECIFIC_RUNNER_SHARE = 0.2  # ... and of a statistic beyond the runner's shared part
 FLOOR_CV = 0.003

@@ -55,11 +55,12 @@ from typing import Any
 
 import numpy as np
 
+from pytest_llmperf.defaults import DEFAULT_KEEP, DEFAULT_STORE
 from pytest_llmperf.errors import LLMPerfError, LLMPerfWarning
 
 SCHEMA_VERSION = 1
 DOC_KIND = "pytest-llmperf.baseline"
-DEFAULT_ROOT = Path(".llmperf")
+DEFAULT_ROOT = Path(DEFAULT_STORE)
 SUFFIX = ".json.gz"
 REBASE_SUFFIX = ".rebase.json"
 REBASE_KIND = "pytest-llmperf.rebase"
@@ -272,12 +273,12 @@ class BaselineStore:
 
     root: Any
 
-    def __new__(cls, root: str | Path = DEFAULT_ROOT, keep: int | None = 10) -> BaselineStore:
+    def __new__(cls, root: str | Path = DEFAULT_ROOT, keep: int | None = DEFAULT_KEEP) -> BaselineStore:
         if cls is BaselineStore and is_url(root) and not str(root).startswith("file://"):
             return super().__new__(ObjectBaselineStore)
         return super().__new__(cls)
 
-    def __init__(self, root: str | Path = DEFAULT_ROOT, keep: int | None = 10):
+    def __init__(self, root: str | Path = DEFAULT_ROOT, keep: int | None = DEFAULT_KEEP):
         _check_keep(keep)
         self.root = _local_root(root)
         self.keep = keep
@@ -591,7 +592,7 @@ class ObjectBaselineStore(BaselineStore):
     store's URL and the failure, never a credential.
     """
 
-    def __init__(self, root: str | Path = DEFAULT_ROOT, keep: int | None = 10):
+    def __init__(self, root: str | Path = DEFAULT_ROOT, keep: int | None = DEFAULT_KEEP):
         _check_keep(keep)
         self.root = str(root).rstrip("/")
         self.keep = keep

@@ -18,6 +18,7 @@ import numpy as np
 from pytest_llmperf.baseline.samples import is_packed, unpack_samples
 from pytest_llmperf.baseline.sessions import MIN_SESSIONS
 from pytest_llmperf.baseline.store import DEFAULT_ROOT, BaselineStore, SavedRun, StoreError
+from pytest_llmperf.cli.options import add_shared_argument, option_spec
 from pytest_llmperf.errors import pytest_flag
 
 # ---------------------------------------------------------------------- `llmperf baselines`
@@ -29,7 +30,8 @@ def baselines_main(argv: list[str]) -> int:
     corrupt file."""
 
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--store", default=None, metavar="DIR|URL",
+    # The table's default applies only when --store is given neither here nor before the subcommand.
+    add_shared_argument(common, "store", "--store", default=None, metavar="DIR|URL",
                         help=f"baseline store: a directory or a URL such as s3://bucket/prefix (default: {DEFAULT_ROOT})")
     parser = argparse.ArgumentParser(prog="llmperf baselines", description="Inspect and manage saved baselines.")
     # Accepted before the subcommand too; a separate dest because a subparser's default would
@@ -55,7 +57,7 @@ def baselines_main(argv: list[str]) -> int:
     except SystemExit as exc:  # argparse already printed the usage message
         return int(exc.code or 0)
 
-    args.store = args.store or args.store_before or str(DEFAULT_ROOT)
+    args.store = args.store or args.store_before or option_spec("store").default_value
     store = BaselineStore(str(args.store), keep=None)
     try:
         if args.command == "list":

@@ -8,30 +8,42 @@ The decision is the plugin's: both run the one :class:`~pytest_llmperf.baseline.
 (family, tolerance, run and capacity entries, Bonferroni then Holm), so running this on the files
 a CI job saved reproduces the verdicts and exit code of that job.
 
-Exit codes: 0 nothing failed, 1 a REGRESSED verdict (with ``--strict`` also INCONCLUSIVE and runs
-with no baseline counterpart), 2 a usage or data error (one line on stderr, no traceback).
+Exit codes: 0 nothing failed, 1 a REGRESSED verdict or a run not comparable with its baseline (its
+fingerprint differs in a field ``--allow-diff`` does not name: that run fails, the others are
+judged, as in the plugin; with ``--strict`` also INCONCLUSIVE and runs with no baseline
+counterpart), 2 a usage or data error (one line on stderr, no traceback).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Mapping, Sequence
+import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_llmperf.baseline.compare import RunComparison, headline
 from pytest_llmperf.baseline.gate import BISECT_ABORT, GateSession, GateSettings, bisect_status, node_of
-from pytest_llmperf.baseline.history import load_history
+from pytest_llmperf.baseline.history import open_baseline, run_entries
 from pytest_llmperf.baseline.sessions import PRIOR_SESSION_CV
-from pytest_llmperf.baseline.store import DEFAULT_ROOT, BaselineStore, StoreError, StorePath, load_run
-from pytest_llmperf.cli.options import option_spec
+from pytest_llmperf.baseline.store import (
+    DEFAULT_ROOT,
+    BaselineCorrupt,
+    BaselineStore,
+    StoreError,
+    StorePath,
+    StoreWarning,
+    load_run,
+)
+from pytest_llmperf.cli.options import add_shared_argument, option_spec
+from pytest_llmperf.defaults import DEFAULT_HISTORY
 from pytest_llmperf.errors import InputError, cli_flag, pytest_flag
-from pytest_llmperf.fingerprint import FingerprintError, FingerprintMismatch, valid_fields
-from pytest_llmperf.formatting import fmt_s, table
+from pytest_llmperf.fingerprint import FingerprintError, FingerprintMismatch
 from pytest_llmperf.objectives import SLOError
-from pytest_llmperf.stats import DEFAULT_ALPHA, DEFAULT_TOLERANCE, Comparison, Verdict
+from pytest_llmperf.report.terminal import verdict_lines
+from pytest_llmperf.stats import DEFAULT_ALPHA, DEFAULT_TOLERANCE, Comparison
 
 if TYPE_CHECKING:
     from pytest_llmperf.baseline.schema import SavedEntry
@@ -78,6 +90,9 @@ class CompareResult:
     only_candidate: list[str] = field(default_factory=list)
     strict: bool = False
     baseline_entries: dict[str, Sequence[SavedEntry]] = field(default_factory=dict)
+    # Runs refused by the fingerprint check (key -> the refusal, naming the differing fields):
+    # each fails, as the plugin fails that test; the others are judged all the same.
+    not_comparable: dict[str, str] = field(default_factory=dict)
 
     def failures(self) -> list[tuple[RunComparison, Comparison]]:
         return [(r, c) for r in self.runs for c in r.regressions(self.strict)]
@@ -85,14 +100,17 @@ class CompareResult:
     @property
     def failed(self) -> bool:
         # Strict mode treats an ungated run like an inconclusive one: the gate could not vouch for it.
-        return bool(self.failures()) or (self.strict and bool(self.only_candidate))
+        return bool(self.failures()) or bool(self.not_comparable) or (self.strict and bool(self.only_candidate))
 
     @property
     def exit_code(self) -> int:
         return 1 if self.failed else 0
 
     def headline(self) -> str:
-        return headline(self.runs)
+        text = headline(self.runs)
+        if self.not_comparable:
+            text += f", {len(self.not_comparable)} not comparable"
+        return text
 
 
 # ---------------------------------------------------------------------- loading
@@ -115,42 +133,29 @@ def load_side(spec: str, store: BaselineStore, history: int = 1, *, baseline: bo
         return RunSource(spec, path, entries_from_document(saved.run, path))
     if path.is_dir():
         raise CompareError(f"{spec}: is a directory; give a baseline name or a saved run file (.json.gz or .json)")
-    # Store errors (missing name, corrupt newest file, bad name) carry their own clear message.
-    newest = store.latest(spec)
-    past = load_history(store, spec, limit=history) if baseline else None
-    if past is not None and past.rebased is not None and not past.runs:
-        raise CompareError(f"baseline {spec!r}: {past.rebase_note()}: nothing to compare with yet",
+    # Store errors (missing name, corrupt or malformed newest file, bad name) carry their own
+    # clear message. The baseline is opened as the plugin opens --llmperf-baseline.
+    if not baseline:
+        newest = store.latest(spec)
+        return RunSource(spec, newest.path, run_entries(newest.run, newest.path), name=spec)
+    opened = open_baseline(store, spec, history=history)
+    if not opened.sessions:
+        raise CompareError(f"baseline {spec!r}: {opened.rebase_note()}: nothing to compare with yet",
                            remedy=f"save a session on the new setup with {{flag}} {spec}", option="save")
-    entries = entries_from_document(newest.run, newest.path)
-    sessions, ids = [entries], [newest.run_id]
-    for older in past.runs if past is not None and history > 1 else ():
-        if older.run_id != newest.run_id:
-            sessions.append(entries_from_document(older.run, older.path))
-            ids.append(older.run_id)
-    return RunSource(spec, newest.path, entries, name=spec, sessions=sessions, session_ids=ids,
-                     rebase_note=past.rebase_note() if past is not None else None)
+    return RunSource(spec, opened.newest.path, opened.entries, name=spec, sessions=opened.sessions,
+                     session_ids=opened.session_ids, rebase_note=opened.rebase_note())
 
 
 def entries_from_document(doc: Any, path: StorePath) -> dict[str, SavedEntry]:
     """Run entries by key from a saved session (``tests`` maps keys to entries) or from an
-    ``llmperf.json`` report (``tests`` lists tests, each with its ``runs``)."""
-    if not isinstance(doc, Mapping) or "tests" not in doc:
-        raise CompareError(f"{path}: not a saved llmperf run: expected a JSON object with a 'tests' key")
-    tests = doc["tests"]
-    if isinstance(tests, Mapping):
-        entries = {str(k): v for k, v in tests.items()}
-    elif isinstance(tests, list):
-        entries = _entries_from_report(tests, path)
-    else:
-        raise CompareError(f"{path}: 'tests' must be an object (saved run) or a list (report), got {type(tests).__name__}")
-    for key, entry in entries.items():
-        if not isinstance(entry, Mapping):
-            raise CompareError(f"{path}: test run {key!r} must be an object, got {type(entry).__name__}")
-        if not isinstance(entry.get("fingerprint"), Mapping):
-            raise CompareError(f"{path}: test run {key!r} has no 'fingerprint' object")
-        if not isinstance(entry.get("trials"), list):
-            raise CompareError(f"{path}: test run {key!r} has no 'trials' list")
-    return entries
+    ``llmperf.json`` report (``tests`` lists tests, each with its ``runs``), checked as the gate
+    needs them (:func:`~pytest_llmperf.baseline.history.run_entries`)."""
+    if isinstance(doc, Mapping) and isinstance(doc.get("tests"), list):
+        doc = {"tests": _entries_from_report(doc["tests"], path)}
+    try:
+        return run_entries(doc, path)
+    except BaselineCorrupt as exc:
+        raise CompareError(str(exc)) from None
 
 
 def _entries_from_report(tests: list[Any], path: StorePath) -> dict[str, dict[str, Any]]:
@@ -183,8 +188,10 @@ def compare_runs(
     (``prior_session_cv``: the session spread assumed while the history is too short, as the
     plugin's ``--llmperf-session-cv``).
 
-    Raises :class:`CompareError` on a fingerprint mismatch not covered by ``allow``, on
-    malformed entries, or when the two sides share no key.
+    A run whose fingerprint differs from its baseline's in a field ``allow`` does not cover is
+    not comparable: it fails (:attr:`CompareResult.not_comparable`) and the others are judged,
+    as in the plugin. Raises :class:`CompareError` on malformed entries or fingerprints, or when
+    the two sides share no key.
     """
     common = [k for k in candidate.entries if k in baseline.entries]
     only_base = sorted(k for k in baseline.entries if k not in candidate.entries)
@@ -203,11 +210,12 @@ def compare_runs(
         gate.plan(lambda nodeid: nodeid in tests)
     except SLOError as exc:
         raise CompareError(f"{baseline.path}: {exc}") from None
+    not_comparable: dict[str, str] = {}
     for key in common:
         try:
             gate.judge(key, candidate.entries[key])
         except FingerprintMismatch as exc:
-            raise CompareError(f"{key}: {exc.render(cli_flag)}") from None
+            not_comparable[key] = f"not comparable: {exc.render(cli_flag)}"
         except FingerprintError as exc:
             raise CompareError(f"{key}: bad fingerprint: {exc}") from None
         except SLOError as exc:
@@ -217,59 +225,22 @@ def compare_runs(
                 f"{key}: malformed run entry in {baseline.path} or {candidate.path}: {type(exc).__name__}: {exc}"
             ) from None
     gate.finish()
-    return CompareResult(gate.runs, only_base, only_cand, strict, baseline_entries=dict(gate.baseline))
+    return CompareResult(gate.runs, only_base, only_cand, strict, baseline_entries=dict(gate.baseline),
+                         not_comparable=not_comparable)
 
 
 # ---------------------------------------------------------------------- rendering
 
 
-def _short_key(key: str) -> str:
-    nodeid, _, index = key.rpartition("#")
-    name = (nodeid or key).split("::")[-1]
-    return name if index in ("", "0") else f"{name} #{index}"
-
-
-def _labels(keys: Sequence[str]) -> dict[str, str]:
-    """Test names for the table; the full key where two files hold tests of the same name."""
-    short = {k: _short_key(k) for k in keys}
-    counts: dict[str, int] = {}
-    for name in short.values():
-        counts[name] = counts.get(name, 0) + 1
-    return {k: name if counts[name] == 1 else k for k, name in short.items()}
-
-
-def _value(v: float, unit: str) -> str:
-    if v != v:
-        return "-"
-    if unit == "s":
-        return fmt_s(v)
-    return f"{v:.3g} {unit}".strip()
-
-
-def _pct(x: float) -> str:
-    return "-" if x != x else f"{x * 100:+.1f}%"
-
-
 def format_result(result: CompareResult, baseline: RunSource, candidate: RunSource) -> str:
-    """The verdict table, the details behind every verdict that is not UNCHANGED, the headline
-    and the keys only one side has."""
+    """The verdict table, the details behind every verdict that is not UNCHANGED and the runs
+    that are not comparable (:func:`~pytest_llmperf.report.terminal.verdict_lines`, as the
+    plugin's summary prints them), the headline and the keys only one side has."""
     lines = [f"baseline:  {baseline.title}", f"candidate: {candidate.title}"]
     if baseline.rebase_note is not None:
         lines.append(f"           {baseline.rebase_note}")
     lines.append("")
-    labels = _labels([r.key for r in result.runs])
-    rows = []
-    for run in result.runs:
-        for c in run.comparisons:
-            ci = f"{_pct(c.ci_low)} … {_pct(c.ci_high)}" if c.gated else "-"
-            rows.append([labels[run.key], c.name, f"{_value(c.baseline_value, c.unit)} → {_value(c.candidate_value, c.unit)}",
-                         _pct(c.change), ci, c.verdict.value.upper()])
-    confidence = next((f"{c.confidence * 100:g}% CI" for r in result.runs for c in r.comparisons), "CI")
-    lines.append(table(["test", "statistic", "baseline → candidate", "change", confidence, "verdict"], rows, left=3))
-    details = _details(result.runs, labels)
-    if details:
-        lines.append("")
-        lines.extend(details)
+    lines.extend(verdict_lines(result.runs, result.not_comparable))
     allowed = sorted({d for r in result.runs for d in r.allowed_diffs})
     if allowed:
         lines.append(f"compared despite differing fingerprints ({ALLOW_FLAG}): {', '.join(allowed)}")
@@ -284,22 +255,6 @@ def format_result(result: CompareResult, baseline: RunSource, candidate: RunSour
     return "\n".join(lines)
 
 
-def _details(runs: Sequence[RunComparison], labels: Mapping[str, str]) -> list[str]:
-    """Why each verdict other than UNCHANGED: Comparison.message() for decided ones; NOT_GATED
-    grouped per run and reason (an invalid run makes every statistic of it not gated)."""
-    lines = []
-    for run in runs:
-        not_gated: dict[str, list[str]] = {}
-        for c in run.comparisons:
-            if c.verdict is Verdict.NOT_GATED:
-                not_gated.setdefault(c.reason or "not gated", []).append(c.name)
-            elif c.verdict is not Verdict.UNCHANGED:
-                lines.append(f"{c.verdict.value.upper()}: {labels[run.key]}: {c.message()}")
-        lines.extend(f"NOT_GATED: {labels[run.key]}: {', '.join(names)}: {reason}"
-                     for reason, names in not_gated.items())
-    return lines
-
-
 def report_document(result: CompareResult, baseline: RunSource, candidate: RunSource) -> dict[str, Any]:
     """The session report document (see :mod:`report.document`) for this comparison, so the
     Markdown and JSON reports read exactly like those of a CI session."""
@@ -307,10 +262,11 @@ def report_document(result: CompareResult, baseline: RunSource, candidate: RunSo
 
     comparisons = {r.key: r for r in result.runs}
     outcomes: dict[str, str] = {}
-    gate_errors: dict[str, str] = {}
+    gate_errors: dict[str, str] = dict(result.not_comparable)
     for key in candidate.entries:
         nodeid = key.rsplit("#", 1)[0]
         failed = key in comparisons and bool(comparisons[key].regressions(result.strict))
+        failed = failed or key in result.not_comparable
         if result.strict and key in result.only_candidate:
             failed = True
             gate_errors[key] = f"no counterpart in baseline {baseline.spec!r} (--strict)"
@@ -360,82 +316,37 @@ def write_outputs(doc: Mapping[str, Any], *, markdown: Path | None = None, json_
 # ---------------------------------------------------------------------- command line
 
 
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 < value < 1:
-        raise argparse.ArgumentTypeError(f"must be a fraction between 0 and 1 (e.g. 0.05 for 5%), got {text!r}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _from_option_table(name: str) -> Callable[[str], Any]:
-    """An argparse type for a setting the plugin shares (``--session-cv`` is
-    ``--llmperf-session-cv``): the option table's own validator, its message kept."""
-    check = option_spec(name).type
-
-    def parse(text: str) -> Any:
-        try:
-            return check(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(f"invalid value {text!r}: {exc}") from None
-
-    parse.__name__ = name
-    return parse
-
-
-def _allow_list(text: str) -> list[str]:
-    names = [p.strip() for p in text.split(",") if p.strip()]
-    valid = set(valid_fields())
-    unknown = [n for n in names if n not in valid and not (n.startswith("extra.") and len(n) > 6)]
-    if unknown:
-        raise argparse.ArgumentTypeError(
-            f"unknown fingerprint field(s) {', '.join(unknown)}; valid fields: {', '.join(valid_fields())} (or extra.<key>)"
-        )
-    return names
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=PROG,
         description="Compare two saved runs with the merge gate's statistics and print the verdicts. "
-                    "Exit 0: nothing regressed; 1: a regression (or, with --strict, an inconclusive "
-                    "verdict or a run with no baseline); 2: a usage or data error.",
+                    "Exit 0: nothing regressed; 1: a regression or a run not comparable (or, with --strict, "
+                    "an inconclusive verdict or a run with no baseline); 2: a usage or data error.",
     )
     p.add_argument("baseline", help="baseline name in the store (its newest run) or a saved run file (.json.gz / .json)")
     p.add_argument("candidate", help="the run to judge: a name in the store or a file, like BASELINE")
-    p.add_argument("--store", default=str(DEFAULT_ROOT), metavar="DIR|URL",
-                   help=f"baseline store: a directory or a URL such as s3://bucket/prefix (default: {DEFAULT_ROOT})")
-    p.add_argument("--tolerance", type=_fraction, default=DEFAULT_TOLERANCE, metavar="F",
-                   help="relative change tolerated before a regression fails (default 0.05); "
-                        "a test's @slo(tolerance=...) wins, as in the plugin")
-    p.add_argument("--alpha", type=_fraction, default=DEFAULT_ALPHA, metavar="F",
-                   help="significance level (default 0.05)")
-    p.add_argument("--history", type=_positive_int, default=10, metavar="N",
-                   help="learn session noise from the last N saved runs of a BASELINE name measured on the "
-                        "same setup, since the last change point, as --llmperf-history does (default 10)")
-    session_cv = option_spec("session-cv")
-    p.add_argument("--session-cv", type=_from_option_table("session-cv"), default=session_cv.default, metavar="F",
-                   help=session_cv.help.replace("`llmperf history NAME --noise`", "'llmperf history NAME --noise'")
-                   .replace("%", "%%") + "; as --llmperf-session-cv")
-    p.add_argument(ALLOW_FLAG, dest="allow", type=_allow_list, default=[], metavar="A,B",
-                   help="fingerprint fields allowed to differ (e.g. gpu_driver,engine_version)")
-    p.add_argument("--strict", action="store_true",
-                   help="also fail on INCONCLUSIVE verdicts and on candidate runs with no baseline counterpart")
-    p.add_argument("--bisect", action="store_true",
-                   help="exit in git bisect run terms: 0 unchanged or improved, 1 regressed, 125 inconclusive or "
-                        "not gated (bisect skips the commit), 128 a usage or data error (bisect stops)")
+    add_shared_argument(p, "store", "--store", metavar="DIR|URL",
+                        help=f"baseline store: a directory or a URL such as s3://bucket/prefix (default: {DEFAULT_ROOT})")
+    add_shared_argument(p, "tolerance", "--tolerance", metavar="F",
+                        help="relative change tolerated before a regression fails "
+                             f"(default {option_spec('tolerance').default:g}); "
+                             "a test's @slo(tolerance=...) wins, as in the plugin")
+    add_shared_argument(p, "alpha", "--alpha", metavar="F", help=f"significance level (default {option_spec('alpha').default:g})")
+    add_shared_argument(p, "history", "--history", metavar="N",
+                        help="learn session noise from the last N saved runs of a BASELINE name measured on the "
+                             "same setup, since the last change point, as --llmperf-history does "
+                             f"(default {DEFAULT_HISTORY})")
+    add_shared_argument(p, "session-cv", "--session-cv", metavar="F",
+                        help=option_spec("session-cv").help
+                        .replace("`llmperf history NAME --noise`", "'llmperf history NAME --noise'")
+                        .replace("%", "%%") + "; as --llmperf-session-cv")
+    add_shared_argument(p, "allow-diff", ALLOW_FLAG, dest="allow", metavar="A,B",
+                        help="fingerprint fields allowed to differ (e.g. gpu_driver,engine_version)")
+    add_shared_argument(p, "strict", "--strict",
+                        help="also fail on INCONCLUSIVE verdicts and on candidate runs with no baseline counterpart")
+    add_shared_argument(p, "bisect", "--bisect",
+                        help="exit in git bisect run terms: 0 unchanged or improved, 1 regressed, 125 inconclusive "
+                             "or not gated (bisect skips the commit), 128 a usage or data error (bisect stops)")
     p.add_argument("--markdown", type=Path, metavar="OUT", help="write the Markdown summary (llmperf-summary.md) here")
     p.add_argument("--json", dest="json_out", type=Path, metavar="OUT", help="write the JSON report (llmperf.json) here")
     p.add_argument("--report-dir", type=Path, metavar="DIR",
@@ -452,7 +363,11 @@ def compare_main(argv: Sequence[str]) -> int:
         return int(exc.code or 0)
     try:
         store = BaselineStore(args.store, keep=None)
-        baseline = load_side(args.baseline, store, history=args.history, baseline=True)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", StoreWarning)
+            baseline = load_side(args.baseline, store, history=args.history, baseline=True)
+        for warning in caught:  # older history files skipped: said, in one line each
+            print(f"{PROG}: warning: {warning.message}", file=sys.stderr)
         candidate = load_side(args.candidate, store)
         result = compare_runs(baseline, candidate, tolerance=args.tolerance, alpha=args.alpha,
                               allow=args.allow, strict=args.strict, prior_session_cv=args.session_cv)
@@ -469,7 +384,7 @@ def compare_main(argv: Sequence[str]) -> int:
     for path in written:
         print(f"wrote {path}")
     if args.bisect:
-        code, why = bisect_status(result.runs, ungated=bool(result.only_candidate))
+        code, why = bisect_status(result.runs, ungated=bool(result.only_candidate or result.not_comparable))
         print(f"bisect: exit {code}: {why}")
         return code
     return result.exit_code

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_llmperf.baseline.history import DEFAULT_HISTORY, load_history
 from pytest_llmperf.baseline.store import DEFAULT_ROOT, BaselineStore, StoreError
+from pytest_llmperf.cli.options import add_shared_argument
 from pytest_llmperf.errors import pytest_flag
 from pytest_llmperf.formatting import fmt_number, table
 
@@ -120,8 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description="Print each gated statistic over a baseline's saved "
                                 "sessions (oldest first), with change points marked '|'.")
     p.add_argument("name", help="baseline name in the store, e.g. main")
-    p.add_argument("--store", default=str(DEFAULT_ROOT), metavar="DIR|URL",
-                   help=f"baseline store: a directory or a URL such as s3://bucket/prefix (default {DEFAULT_ROOT})")
+    add_shared_argument(p, "store", "--store", metavar="DIR|URL",
+                        help=f"baseline store: a directory or a URL such as s3://bucket/prefix (default {DEFAULT_ROOT})")
     p.add_argument("--limit", type=int, default=max(DEFAULT_HISTORY, 50), metavar="N",
                    help="newest N sessions (default 50)")
     p.add_argument("--alpha", type=float, default=0.01, help="significance of a change point (default 0.01)")

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pytest_llmperf.cli.options import OptionError, api_key_from_env
+from pytest_llmperf.cli.options import OptionError, add_shared_argument, api_key_from_env, option_spec
 from pytest_llmperf.errors import InputError, cli_flag
 
 if TYPE_CHECKING:
@@ -24,9 +24,10 @@ class CliError(InputError):
 
 def add_run_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run a workload against an OpenAI-compatible server and print its summary")
-    p.add_argument("--url", required=True, help="OpenAI base URL, e.g. http://127.0.0.1:8000/v1")
-    p.add_argument("--model", help="model name (default: the first one /v1/models lists)")
-    p.add_argument("--api-key-env", metavar="NAME", help="environment variable holding the API key")
+    add_shared_argument(p, "url", "--url", required=True, help="OpenAI base URL, e.g. http://127.0.0.1:8000/v1")
+    add_shared_argument(p, "model", "--model", help="model name (default: the first one /v1/models lists)")
+    add_shared_argument(p, "api-key-env", "--api-key-env", metavar="NAME",
+                        help="environment variable holding the API key")
     p.add_argument("--workload", type=Path, help="workload YAML file")
     p.add_argument("--name", help="which workload of a file holding several")
     p.add_argument("--input-tokens", type=int)
@@ -44,8 +45,9 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--slo", action="append", default=[], metavar="KEY=VALUE",
                    help="per-request SLO for goodput and a pass/fail check, e.g. ttft_p95=0.5 (repeatable)")
     p.add_argument("--json", type=Path, metavar="OUT", help="write the full result as JSON")
-    p.add_argument("--timeslice", type=float, default=5.0, metavar="SECONDS",
-                   help="seconds per timeslice of the per-interval series in --json (default 5)")
+    add_shared_argument(p, "timeslice", "--timeslice", metavar="SECONDS",
+                        help="seconds per timeslice of the per-interval series in --json "
+                             f"(default {option_spec('timeslice').default:g})")
 
 
 def _workload_from_args(args: argparse.Namespace) -> Workload:

@@ -20,7 +20,7 @@ from pytest_llmperf.baseline.gate import (
     GateSettings,
     bisect_status,
 )
-from pytest_llmperf.baseline.history import load_history
+from pytest_llmperf.baseline.history import open_baseline
 from pytest_llmperf.baseline.schema import SavedEntry, session_document
 from pytest_llmperf.baseline.store import BaselineMissing, BaselineStore, StoreError, StoreWarning, validate_name
 from pytest_llmperf.cli.options import LLMPerfOptions, OptionError, api_key_from_env
@@ -321,10 +321,10 @@ class LLMPerfSession:
         if not opts.baseline:
             return
         try:
-            newest = self.store.latest(opts.baseline)  # a corrupt newest file stops the session
+            # A corrupt or malformed newest file stops the session; older ones are skipped, said.
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", StoreWarning)
-                history = load_history(self.store, opts.baseline, limit=opts.history)
+                baseline = open_baseline(self.store, opts.baseline, history=opts.history)
         except BaselineMissing:
             return
         except StoreError as exc:
@@ -335,17 +335,16 @@ class LLMPerfSession:
             warnings.warn(message, StoreWarning, stacklevel=2)
         tr = self.config.pluginmanager.get_plugin("terminalreporter")
         # Main's history started anew on purpose: say since when and why, and how short it is.
-        rebase_note = history.rebase_note()
+        rebase_note = baseline.rebase_note()
         self.history_note = rebase_note
         if rebase_note is not None and tr is not None:
             tr.write_line(f"llmperf: {rebase_note}")
-        if not history.runs:
+        if not baseline.sessions:
             return  # rebased, and no session saved since: no baseline yet
-        self.baseline_source = str(newest.path)
+        self.baseline_source = str(baseline.newest.path)
         settings = GateSettings(tolerance=opts.tolerance, alpha=opts.alpha, allow=tuple(opts.allowed_diffs),
                                 strict=opts.strict)
-        self.gate = GateSession.from_sessions([run.run.get("tests") or {} for run in history.runs], settings,
-                                              session_ids=[run.run_id for run in history.runs],
+        self.gate = GateSession.from_sessions(baseline.sessions, settings, session_ids=baseline.session_ids,
                                               prior_session_cv=opts.session_cv)
         self.gate.plan(lambda nodeid: nodeid in selected_tests)
         scale = opts.duration_scale
@@ -373,7 +372,7 @@ class LLMPerfSession:
         self.entries[key] = entry
         if reference is not None and self.gate is not None and self.gate.paired:
             self.gate.add_reference(key, reference)
-            name = "reference"
+            name: str | None = "reference"
         else:
             name = self.options.baseline
         if not name:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from pytest_llmperf.baseline.compare import headline
 from pytest_llmperf.formatting import fmt_s, table
 from pytest_llmperf.plugin.perf import failed_requests
+from pytest_llmperf.report.terminal import verdict_lines
 
 if TYPE_CHECKING:
     from pytest_llmperf.plugin.session import LLMPerfSession
@@ -73,13 +74,10 @@ def write_summary(tr: Any, session: LLMPerfSession) -> None:
     _write_verdicts(tr, session)
 
 
-def _verdict_rows(session: LLMPerfSession) -> list[list[str]]:
-    rows = []
-    for comparison in session.comparisons:
-        for c in comparison.comparisons:
-            rows.append([comparison.label, c.name, c.verdict.value.upper(),
-                         c.message() if c.gated else f"{c.name}: {c.reason}"])
-    return rows
+def _write_verdict_table(tr: Any, session: LLMPerfSession) -> None:
+    """The verdict table ``llmperf compare`` prints too, with the runs refused as not comparable."""
+    for line in verdict_lines(session.comparisons, session.gate_errors):
+        tr.write_line(line)
 
 
 def _write_verdicts(tr: Any, session: LLMPerfSession) -> None:
@@ -93,7 +91,7 @@ def _write_verdicts(tr: Any, session: LLMPerfSession) -> None:
             tr.write_line(f"A/B session stopped, no verdict: {session.ab_failure}", red=True)
         elif session.comparisons:
             tr.write_sep("-", f"against {session.reference_label()}: {headline(session.comparisons)}")
-            tr.write_line(table(["workload", "statistic", "verdict", "detail"], _verdict_rows(session), left=4))
+            _write_verdict_table(tr, session)
         note = session.launch_note()
         if note:
             tr.write_line(f"A/B blocks: {session.plan.launches} (suite-wide); {note} (start-up is not measured as load)")
@@ -103,7 +101,7 @@ def _write_verdicts(tr: Any, session: LLMPerfSession) -> None:
                           f"{opts.baseline} first (e.g. on the main branch) to create it")
         elif session.comparisons:
             tr.write_sep("-", f"against baseline {opts.baseline!r}: {headline(session.comparisons)}")
-            tr.write_line(table(["workload", "statistic", "verdict", "detail"], _verdict_rows(session), left=4))
+            _write_verdict_table(tr, session)
         if session.missing_baseline:
             tr.write_line(f"{len(session.missing_baseline)} run(s) had no counterpart in baseline "
                           f"{opts.baseline!r} (not gated): " + ", ".join(session.missing_baseline[:5]))

@@ -1,10 +1,19 @@
-"""Plain-text rendering of results for terminals and CI logs."""
+"""Plain-text rendering of results for terminals and CI logs.
+
+:func:`verdict_lines` is the one verdict table: the plugin's terminal summary and ``llmperf
+compare`` both print it.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_llmperf.formatting import fmt_s, table
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+    from pytest_llmperf.baseline.compare import RunComparison
 
 
 def summary_text(summary: Any, title: str | None = None) -> str:
@@ -46,3 +55,68 @@ def progress_line(label: str, p: Any) -> str:
     ttft = f", p95 TTFT {fmt_s(p.ttft_p95_s)}" if p.ttft_p95_s is not None else ""
     return (f"llmperf {label}: {p.elapsed_s:5.1f} s {p.phase}, {p.completed} done, "
             f"{p.failed} failed, {p.in_flight} in flight{ttft}")
+
+
+def short_key(key: str) -> str:
+    """A run key as a test name: ``test_chat`` for ``tests/t.py::test_chat#0``, ``test_chat #1``
+    for its second run."""
+    nodeid, _, index = key.rpartition("#")
+    name = (nodeid or key).split("::")[-1]
+    return name if index in ("", "0") else f"{name} #{index}"
+
+
+def run_labels(keys: Sequence[str]) -> dict[str, str]:
+    """Test names for a table; the full key where two files hold tests of the same name."""
+    short = {k: short_key(k) for k in keys}
+    counts: dict[str, int] = {}
+    for name in short.values():
+        counts[name] = counts.get(name, 0) + 1
+    return {k: name if counts[name] == 1 else k for k, name in short.items()}
+
+
+def _value(v: float, unit: str) -> str:
+    if v != v:
+        return "-"
+    if unit == "s":
+        return fmt_s(v)
+    return f"{v:.3g} {unit}".strip()
+
+
+def _pct(x: float) -> str:
+    return "-" if x != x else f"{x * 100:+.1f}%"
+
+
+def verdict_lines(runs: Sequence[RunComparison], not_comparable: Mapping[str, str] | None = None) -> list[str]:
+    """The verdict table, one row per gated statistic (test, statistic, baseline → candidate,
+    change, confidence interval, verdict), then why each verdict other than UNCHANGED
+    (:meth:`Comparison.message` for decided ones; NOT_GATED grouped per run and reason: an
+    invalid run makes every statistic of it not gated), then each run refused as ``not
+    comparable`` (``not_comparable``: run key -> the refusal, naming the differing fields)."""
+    not_comparable = not_comparable or {}
+    labels = run_labels([*(r.key for r in runs), *not_comparable])
+    rows = []
+    for run in runs:
+        for c in run.comparisons:
+            ci = f"{_pct(c.ci_low)} … {_pct(c.ci_high)}" if c.gated else "-"
+            rows.append([labels[run.key], c.name, f"{_value(c.baseline_value, c.unit)} → {_value(c.candidate_value, c.unit)}",
+                         _pct(c.change), ci, c.verdict.value.upper()])
+    lines = []
+    if rows:
+        confidence = next((f"{c.confidence * 100:g}% CI" for r in runs for c in r.comparisons), "CI")
+        lines.append(table(["test", "statistic", "baseline → candidate", "change", confidence, "verdict"], rows, left=3))
+    details = []
+    for run in runs:
+        not_gated: dict[str, list[str]] = {}
+        for c in run.comparisons:
+            if c.verdict.value == "not_gated":
+                not_gated.setdefault(c.reason or "not gated", []).append(c.name)
+            elif c.verdict.value != "unchanged":
+                details.append(f"{c.verdict.value.upper()}: {labels[run.key]}: {c.message()}")
+        details.extend(f"NOT_GATED: {labels[run.key]}: {', '.join(names)}: {reason}"
+                       for reason, names in not_gated.items())
+    details.extend(f"NOT COMPARABLE: {labels[key]}: {message}" for key, message in not_comparable.items())
+    if details:
+        if lines:
+            lines.append("")
+        lines.extend(details)
+    return lines
