@@ -306,11 +306,7 @@ class BaselineStore:
                 remedy="choose a writable directory with {flag} DIR", option="store",
             ) from None
 
-    def save(self, name: str, run: Mapping[str, Any]) -> Path:
-        """Write ``run`` as the newest saved run of ``name``; return the file's path."""
-        validate_name(name)
-        if not isinstance(run, Mapping):
-            raise StoreError(f"cannot save baseline {name!r}: run must be a dict, got {type(run).__name__}")
+    def _make_name_dir(self, name: str) -> Path:
         directory = self._name_dir(name)
         try:
             directory.mkdir(parents=True, exist_ok=True)
@@ -319,6 +315,14 @@ class BaselineStore:
                 f"cannot create baseline directory {directory}: {exc.strerror or exc}",
                 remedy="choose a writable directory with {flag} DIR", option="store",
             ) from None
+        return directory
+
+    def save(self, name: str, run: Mapping[str, Any]) -> Path:
+        """Write ``run`` as the newest saved run of ``name``; return the file's path."""
+        validate_name(name)
+        if not isinstance(run, Mapping):
+            raise StoreError(f"cannot save baseline {name!r}: run must be a dict, got {type(run).__name__}")
+        directory = self._make_name_dir(name)
         now = datetime.now(timezone.utc)
         run_id = _new_run_id(now)
         final = directory / f"{run_id}{SUFFIX}"
@@ -366,14 +370,7 @@ class BaselineStore:
         need not have any session yet."""
         validate_name(name)
         reason = _check_reason(name, reason)
-        directory = self._name_dir(name)
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise StoreError(
-                f"cannot create baseline directory {directory}: {exc.strerror or exc}",
-                remedy="choose a writable directory with {flag} DIR", option="store",
-            ) from None
+        directory = self._make_name_dir(name)
         now = datetime.now(timezone.utc)
         mark_id = _new_run_id(now)
         final = directory / f"{mark_id}{REBASE_SUFFIX}"
