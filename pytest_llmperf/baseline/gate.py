@@ -611,18 +611,18 @@ def _recent_cuts(matching: Mapping[str, Sequence[tuple[int, SavedEntry]]], *, al
     shift = {i: float(np.median([v[i] for v in centred.values() if i in v])) for i in sessions}
     # Half of α for the whole server's move, half shared by the statistics' own moves.
     whole, _ = recent_shift([shift[i] for i in sessions], alpha=alpha / 2)
-    cuts: dict[str, int] = {}
+    moved: dict[str, list[set[int]]] = {key: [set(sessions[::-1][:whole])] if whole else [] for key in matching}
     for (key, _stat), v in centred.items():
         order = [i for i in sessions if i in v]
         r, _ = recent_shift([v[i] - shift[i] for i in order], alpha=alpha / 2, family=len(series))
-        newest = [i for i in sessions if i in v][::-1]  # newest first
-        cut_sessions = {i for i in newest[:r]} if r else set()
-        if whole:
-            cut_sessions |= set(sessions[::-1][:whole])
-        if cut_sessions:
-            n_kept = sum(1 for i, _ in matching[key] if i in cut_sessions)
-            if n_kept and (key not in cuts or n_kept < cuts[key]):
-                cuts[key] = n_kept
+        if r:
+            moved[key].append(set(order[::-1][:r]))
+    cuts: dict[str, int] = {}
+    for key, found in moved.items():
+        # The most recent move wins: keep only the sessions after it.
+        kept = [n for n in (sum(1 for i, _ in matching[key] if i in newest) for newest in found) if n]
+        if kept:
+            cuts[key] = min(kept)
     return cuts
 
 
