@@ -23,8 +23,11 @@ def test_tiny(llmperf):
     llmperf.run(Workload(input_tokens=64, output_tokens=16, rate_rps=20, num_requests=30, warmup_requests=3))
 """
 
-# The tiny preset without speed noise is deterministic enough that three saved sessions of two
-# trials each let the gate read an unchanged commit UNCHANGED (0), not INCONCLUSIVE (125).
+# The tiny preset without speed noise is a quiet fleet: say so when gating, as a team would from
+# `llmperf history --noise`, so three saved sessions of two trials each let the gate read an
+# unchanged commit UNCHANGED (0), not INCONCLUSIVE (125): the default 5% prior would shrink a
+# 3-session history towards 5%, and such commits read INCONCLUSIVE, which bisect can only skip.
+QUIET_PRIOR = ["--llmperf-session-cv", "0.01"]
 PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--llmperf-sim-preset", "tiny",
           "--llmperf-trials", "2"]
 SLOW_AT = 4  # commit (1-based) whose sim_args.txt first says --slowdown 1.3
@@ -96,7 +99,7 @@ def test_git_bisect_run_finds_the_commit_that_slowed_the_server(tmp_path):
     pytest_cmd = " ".join(f"'{a}'" for a in PYTEST)
     script.write_text(
         "#!/bin/sh\n"
-        f'exec {pytest_cmd} \'--llmperf-store={store}\' --llmperf-baseline good --llmperf-bisect '
+        f'exec {pytest_cmd} \'--llmperf-store={store}\' --llmperf-baseline good --llmperf-bisect {" ".join(QUIET_PRIOR)} '
         '--llmperf-sim-args "$(cat sim_args.txt)"\n'
     )
     script.chmod(0o755)

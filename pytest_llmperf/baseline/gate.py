@@ -48,7 +48,15 @@ from pytest_llmperf.baseline.compare import (
     trial_stat,
 )
 from pytest_llmperf.baseline.history import change_points, recent_shift, session_value
-from pytest_llmperf.baseline.schema import GatedStat, SavedEntry, entry_gated_stats, entry_slo, is_capacity
+from pytest_llmperf.baseline.schema import (
+    ERROR_RATE_KEY,
+    GOODPUT_KEY,
+    GatedStat,
+    SavedEntry,
+    entry_gated_stats,
+    entry_slo,
+    is_capacity,
+)
 from pytest_llmperf.baseline.sessions import (
     MIN_SESSIONS,
     PRIOR_SESSION_CV,
@@ -272,14 +280,16 @@ class GateSession:
         plan: more trials shrink only the trial part of its standard error, so with the trial
         part gone (SE_min) and the estimate moved up by twice the trial noise the remaining
         trials could add, its badness stays below the hurdle max(log(1 + δ), q·SE_min). A
-        statistic that cannot be judged yet (NOT_GATED), or an INCONCLUSIVE one outside the
-        session model, never lets the trials stop; an error rate is settled when its estimate is
+        statistic the marker names that cannot be judged yet (NOT_GATED), or an INCONCLUSIVE
+        one outside the session model, never lets the trials stop; an error rate is settled when its estimate is
         within its tolerance."""
         if tentative is None:
             return False
         for c in tentative.comparisons:
             if c.verdict in (Verdict.UNCHANGED, Verdict.IMPROVED):
                 continue
+            if c.verdict is Verdict.NOT_GATED and c.name in (GOODPUT_KEY, ERROR_RATE_KEY):
+                continue  # gated for every run, but not named by the marker: never worth more trials
             if c.verdict is not Verdict.INCONCLUSIVE:
                 return False
             reach = self._preview_reach.get(c.name)
