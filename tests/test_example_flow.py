@@ -24,6 +24,7 @@ GATED = {
     "test_long_generation[warm]", "test_production_mix", "test_reasoning_time_to_visible_answer",
     "test_short_chat[cold]", "test_short_chat[warm]", "test_trace_replay[mooncake]", "test_trace_replay[azure]",
     "test_dataset_prompts", "test_multi_turn_chat", "test_cache_hit_target", "test_ramp_with_concurrency_cap",
+    "test_offline_throughput", "test_online_latency", "test_long_prompt_prefill",
 }
 
 
