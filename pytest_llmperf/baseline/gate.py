@@ -66,6 +66,7 @@ from pytest_llmperf.baseline.sessions import (
     cv_of,
     detectable_change,
     estimate,
+    quantile,
     session_logs,
     session_tests,
     total_test,
@@ -393,7 +394,7 @@ class GateSession:
         ci = sorted((math.expm1(lo * sign), math.expm1(hi * sign)))
         verdict, reason = decide(math.expm1(theta), ci[0], ci[1], p_adj, tolerance=tolerance, alpha=alpha,
                                  higher_is_better=sign < 0)
-        q_min = _quantile_for(alpha / m, test.df)
+        q_min = quantile(1.0 - alpha / m, test.df)
         se_min = math.sqrt(max(test.se ** 2 - model.within_var / max(logs.trials, 1), 0.0))
         more = 2.0 * math.sqrt(model.within_var / max(logs.trials, 1))
         self._preview_reach[comp.name] = test.estimate + more - max(math.log1p(tolerance), q_min * se_min)
@@ -523,12 +524,6 @@ class GateSession:
 
     def by_key(self) -> dict[str, RunComparison]:
         return {r.key: r for r in self.runs}
-
-
-def _quantile_for(alpha: float, df: float) -> float:
-    from scipy import stats as sps
-
-    return float(sps.norm.isf(alpha)) if math.isinf(df) else float(sps.t.isf(alpha, df))
 
 
 def _spread_text(model: StatModel) -> str:

@@ -418,11 +418,12 @@ class SessionTest:
     p_value: float  # one-sided, against "not worse"
 
     def interval(self, alpha: float) -> tuple[float, float]:
-        q = _quantile(1 - alpha, self.df)
+        q = quantile(1 - alpha, self.df)
         return self.estimate - q * self.se, self.estimate + q * self.se
 
 
-def _quantile(p: float, df: float) -> float:
+def quantile(p: float, df: float) -> float:
+    """The p-quantile of Student's t with ``df`` degrees of freedom (normal when infinite)."""
     return float(sps.norm.ppf(p)) if math.isinf(df) else float(sps.t.ppf(p, df))
 
 
@@ -468,10 +469,10 @@ def detectable_change(se: float, df: float, *, alpha: float, tolerance: float, p
     """The smallest relative change the gate flags with probability ``power``: beyond the
     tolerance and significant at ``alpha`` (on the log scale the larger of the two hurdles, plus
     the power margin)."""
-    hurdle = max(math.log1p(tolerance), _quantile(1 - alpha, df) * se)
-    return math.expm1(hurdle + _quantile(power, df) * se)
+    hurdle = max(math.log1p(tolerance), quantile(1 - alpha, df) * se)
+    return math.expm1(hurdle + quantile(power, df) * se)
 
 
 __all__ = ["MIN_SESSIONS", "PRIOR_SESSION_CV", "RUNNER_SHARE", "Component", "SessionLogs", "SessionModel",
-           "SessionTest", "StatModel", "cv_of", "detectable_change", "estimate", "launch_shifts", "session_logs",
+           "SessionTest", "StatModel", "cv_of", "detectable_change", "estimate", "launch_shifts", "quantile", "session_logs",
            "session_tests", "total_test"]
