@@ -4,7 +4,7 @@ red on real ones, across sessions that are separate launches?
     python benchmarks/gate_end_to_end.py [--main 10] [--launches 1] [--aa 20] [--slow 10] [--slowdown 1.15]
     python benchmarks/gate_end_to_end.py --main 1 --launches 3 --aa 10 --slow 10     # day one
     python benchmarks/gate_end_to_end.py --suite e2e_p95 --main 4 --aa 10 --slow 0 --ci
-    python benchmarks/gate_end_to_end.py --ab [--launches 3] [--aa 20] [--slow 10] [--slowdown 1.10]
+    python benchmarks/gate_end_to_end.py --ab [--launches 6] [--aa 20] [--slow 10] [--slowdown 1.10]
 
 Every session is a separate pytest run of a suite (``--suite``: ``e2e_suite``, 3 tests gated on
 medians and goodput; ``e2e_p95``, one CI-sized test naming ttft_p95 and tpot_p95 at 20 req/s for
@@ -25,7 +25,7 @@ gate reports.
 
 ``--ab``: paired A/B sessions instead: no stored baseline; every session launches a candidate and
 a reference simulator, both with the jitter above, in suite-wide ABBA blocks (``--launches``
-blocks, default 3: launches = 2 × blocks whatever the number of tests). The slowed sessions add
+blocks, default the plugin's 6: launches = 2 × blocks whatever the number of tests). The slowed sessions add
 ``--slowdown`` (default 1.10 here) to the candidate only.
 """
 
@@ -39,6 +39,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from pytest_llmperf.stats import DEFAULT_TRIALS
 
 HERE = Path(__file__).resolve().parent
 JITTER = "--launch-jitter 0.03 --step-jitter 0.02"
@@ -90,8 +92,8 @@ def main() -> int:
     args = parser.parse_args()
     global OPTS
     OPTS = args
-    if args.launches is None:
-        args.launches = 3 if args.ab else 1
+    if args.launches is None:  # A/B: the plugin's default blocks (one per default trial)
+        args.launches = DEFAULT_TRIALS if args.ab else 1
     if args.slowdown is None:
         args.slowdown = 1.10 if args.ab else 1.15
     start = time.perf_counter()
