@@ -31,6 +31,14 @@ def test_layer_contracts_hold():
     assert ", 0 broken." in result.stdout
 
 
+def test_plugin_annotations_make_no_cycle():
+    """The contracts read the imports that run; the plugin's imports for annotations only (under
+    ``TYPE_CHECKING``) follow its layers too: no plugin module names one that imports it."""
+    import grimp  # comes with import-linter
+
+    graph = grimp.build_graph("pytest_llmperf", exclude_type_checking_imports=False, cache_dir=None)
+    assert graph.nominate_cycle_breakers("pytest_llmperf.plugin") == set()
+
 def test_ruff_is_clean():
     result = _run(_tool("ruff"), "check", "pytest_llmperf", "tests", "benchmarks", "example_suites", "scripts")
     assert result.returncode == 0, result.stdout[-4000:]

@@ -254,7 +254,7 @@ def test_family_counts_only_tests_selected_by_k(pytester):
     doc = session_document({"test_fam.py::test_a#0": entry, "test_fam.py::test_b#0": entry})
     BaselineStore(pytester.path / ".llmperf").save("main", doc)
     pytester.makeconftest("""
-        from pytest_llmperf.plugin.state import existing_session
+        from pytest_llmperf.plugin.lazy import existing_session
 
         def pytest_collection_finish(session):
             perf = existing_session(session.config)

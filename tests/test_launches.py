@@ -14,7 +14,7 @@ from pytest_llmperf.baseline.schema import session_document, trial_entry
 from pytest_llmperf.baseline.store import BaselineStore
 from pytest_llmperf.cli.options import OptionError, resolve
 from pytest_llmperf.metrics import summarize
-from pytest_llmperf.plugin.passes import LaunchPlan
+from pytest_llmperf.plugin.launch_plan import LaunchPlan
 from pytest_llmperf.report.writers import validate
 from pytest_llmperf.results import RunResult, TrialResult, at_launch, merge_runs
 from pytest_llmperf.servers.pair import CANDIDATE, REFERENCE

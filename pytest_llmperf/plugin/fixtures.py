@@ -7,11 +7,13 @@ from typing import TYPE_CHECKING
 import pytest
 
 from pytest_llmperf.plugin.lazy import get_session
-from pytest_llmperf.plugin.state import PERF_KEY, SLO_KEY
+from pytest_llmperf.plugin.state import SLO_KEY
 
 if TYPE_CHECKING:
     from pytest_llmperf.plugin.perf import LLMPerf
     from pytest_llmperf.servers.manager import ServerInfo
+
+PERF_KEY = pytest.StashKey["LLMPerf"]()  # on a test's item: its ``llmperf``, which the hooks check after the call
 
 
 @pytest.fixture(scope="session")

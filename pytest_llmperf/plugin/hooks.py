@@ -14,8 +14,9 @@ import pytest
 from pytest_llmperf.cli.options import OPTIONS
 from pytest_llmperf.errors import LLMPerfError
 from pytest_llmperf.plugin import distributed
-from pytest_llmperf.plugin.lazy import get_session
-from pytest_llmperf.plugin.state import PERF_KEY, SLO_KEY, existing_session, is_perf_item, nodeid_of
+from pytest_llmperf.plugin.fixtures import PERF_KEY
+from pytest_llmperf.plugin.lazy import existing_session, get_session
+from pytest_llmperf.plugin.state import SLO_KEY, is_perf_item, nodeid_of
 
 if TYPE_CHECKING:
     from collections.abc import Generator
@@ -133,7 +134,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if distributed.is_worker(session.config):
         # An xdist worker reports nothing and saves nothing: the controller does, for all workers.
         if perf.entries or perf.outcomes:
-            session.config.workeroutput[distributed.PAYLOAD_KEY] = perf.worker_payload()  # type: ignore[attr-defined]
+            from pytest_llmperf.plugin.summary import summary_lines
+
+            payload = perf.worker_payload(summary_lines(perf))
+            session.config.workeroutput[distributed.PAYLOAD_KEY] = payload  # type: ignore[attr-defined]
         return
     perf.finish(session, exitstatus)
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pytest_llmperf.plugin.state import OPTIONS_KEY, SESSION_KEY
+import pytest
+
+from pytest_llmperf.plugin.state import OPTIONS_KEY
 
 if TYPE_CHECKING:
-    import pytest
-
     from pytest_llmperf.plugin.session import LLMPerfSession
+
+SESSION_KEY = pytest.StashKey["LLMPerfSession"]()
 
 
 def get_session(config: pytest.Config) -> LLMPerfSession:
@@ -23,3 +25,8 @@ def get_session(config: pytest.Config) -> LLMPerfSession:
         session = LLMPerfSession(config, config.stash[OPTIONS_KEY])
         config.stash[SESSION_KEY] = session
     return session
+
+
+def existing_session(config: pytest.Config) -> LLMPerfSession | None:
+    """The session's measuring state if a perf test created it, else None (never creates it)."""
+    return config.stash.get(SESSION_KEY, None)

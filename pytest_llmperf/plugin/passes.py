@@ -28,39 +28,12 @@ In A/B mode a failed side stops the session there, as it does in any pass.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
-
-from pytest_llmperf.servers.pair import block_order
 
 if TYPE_CHECKING:
     import pytest
 
     from pytest_llmperf.plugin.session import LLMPerfSession
-
-
-@dataclass(frozen=True)
-class LaunchPlan:
-    """How a session's launches are laid out: ``launches`` per side (A/B mode: blocks)."""
-
-    launches: int = 1
-    ab: bool = False
-
-    @property
-    def passes(self) -> int:
-        return 2 * self.launches if self.ab else self.launches
-
-    def launch(self, p: int) -> int:
-        """Which launch (A/B: block) pass ``p`` measures on, 0-based."""
-        return p // 2 if self.ab else p
-
-    def side(self, p: int) -> str | None:
-        """A/B mode: the side pass ``p`` measures (None otherwise)."""
-        return block_order(p // 2)[p % 2] if self.ab else None
-
-    def per_launch(self, trials: int) -> int:
-        """Trials a run of ``trials`` measures on each launch: ceil(trials / launches)."""
-        return -(-trials // self.launches)
 
 
 def measures(item: pytest.Item) -> bool:
@@ -115,4 +88,4 @@ def _log(item: pytest.Item, reports: list[pytest.TestReport]) -> None:
     ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
 
 
-__all__ = ["LaunchPlan", "measures", "run_passes"]
+__all__ = ["measures", "run_passes"]

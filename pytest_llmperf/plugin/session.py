@@ -1,5 +1,5 @@
 """The measuring session behind the plugin: the server, the baseline gate, what was measured and
-the reports; built on first use by :func:`pytest_llmperf.plugin.state.get_session`."""
+the reports; built on first use by :func:`pytest_llmperf.plugin.lazy.get_session`."""
 
 from __future__ import annotations
 
@@ -21,12 +21,14 @@ from pytest_llmperf.baseline.gate import (
     bisect_status,
 )
 from pytest_llmperf.baseline.history import open_baseline
-from pytest_llmperf.baseline.schema import SavedEntry, session_document
+from pytest_llmperf.baseline.schema import SavedEntry, gated_stats, session_document
 from pytest_llmperf.baseline.store import BaselineMissing, BaselineStore, StoreError, StoreWarning, validate_name
 from pytest_llmperf.cli.options import LLMPerfOptions, OptionError, api_key_from_env
 from pytest_llmperf.errors import pytest_flag
 from pytest_llmperf.fingerprint import FingerprintMismatch
-from pytest_llmperf.plugin.passes import LaunchPlan
+from pytest_llmperf.plugin import distributed
+from pytest_llmperf.plugin.launch_plan import LaunchPlan
+from pytest_llmperf.plugin.state import SLO_KEY, is_perf_item, nodeid_of
 from pytest_llmperf.servers.manager import ServerConfig, ServerInfo, ServerManager, ServerUnavailable
 from pytest_llmperf.servers.pair import CANDIDATE, REFERENCE, ServerPair, SideFailed
 from pytest_llmperf.servers.process import ProcessReaper
@@ -290,8 +292,6 @@ class LLMPerfSession:
         ``family_size`` gated statistics planned (:func:`planned_family`)."""
         self.selected = set(selected_tests)
         self.baselines_prepared = True
-        from pytest_llmperf.plugin import distributed
-
         if distributed.is_worker(self.config):
             # Passes over the whole suite (plugin.passes) need every perf test in one process.
             if self.pair is not None:
@@ -417,13 +417,11 @@ class LLMPerfSession:
 
     # ------------------------------------------------------------------ pytest-xdist
 
-    def worker_payload(self) -> str:
+    def worker_payload(self, summary: dict[str, Any]) -> str:
         """What an xdist worker hands the controller at its end, as JSON: the saved entries (which
         the controller judges again, so verdicts and Holm are computed in one place), SLO checks,
         outcomes, the server and the summary's rows."""
         import json
-
-        from pytest_llmperf.plugin.summary import summary_lines
 
         info = self.servers.info
         payload = {
@@ -434,7 +432,7 @@ class LLMPerfSession:
             "server": self._server_doc(info),
             "server_line": info.describe() if info is not None else None,
             "launch_times_s": list(self.servers.launch_times_s) if self.servers.launches else [],
-            "summary": summary_lines(self),
+            "summary": summary,  # plugin.summary.summary_lines(self), from the caller: the summary reads the session
         }
         return json.dumps(payload, default=_plain_json)
 
@@ -477,9 +475,7 @@ class LLMPerfSession:
                 self.late_regressions = [c.message() for c in newly]
         if self.entries or self.ab_failure is not None:
             self.write_reports()
-        from pytest_llmperf.plugin.distributed import LOST_KEY
-
-        lost = self.config.stash.get(LOST_KEY, [])
+        lost = self.config.stash.get(distributed.LOST_KEY, [])
         if lost and self.options.save and self.entries:
             self.save_error = (f"an xdist worker went down ({'; '.join(lost)}): what it measured is "
                                "lost, so no baseline was saved (it would be incomplete)")
@@ -568,9 +564,6 @@ class LLMPerfSession:
 def planned_family(items: list[pytest.Item]) -> int:
     """How many statistics the selected perf tests will gate, from their ``@slo`` markers (A/B
     mode fixes its multiplicity family from this before any load; see baseline.gate)."""
-    from pytest_llmperf.baseline.schema import gated_stats
-    from pytest_llmperf.plugin.state import SLO_KEY, is_perf_item
-
     m = 0
     for item in items:
         if not is_perf_item(item):
@@ -626,8 +619,6 @@ def _reference_config(options: LLMPerfOptions, api_key: str | None) -> ServerCon
 
 
 def selected_tests(items: list[pytest.Item]) -> set[str]:
-    from pytest_llmperf.plugin.state import nodeid_of
-
     return {nodeid_of(item) for item in items}
 
 

@@ -1,5 +1,8 @@
-"""Where the plugin keeps its per-session state: ``config.stash`` keys (never module globals) and
-how a test's identity is read."""
+"""The bottom of the plugin: the ``config.stash`` keys whose values are options, SLOs and node ids
+(never module globals), how a test's identity is read and whether it measures. It imports no other
+plugin module, not even for annotations: the keys that hold the plugin's own objects live with the
+module that creates them (``SESSION_KEY`` in :mod:`~pytest_llmperf.plugin.lazy`, ``PERF_KEY`` in
+:mod:`~pytest_llmperf.plugin.fixtures`, ``LOST_KEY`` in :mod:`~pytest_llmperf.plugin.distributed`)."""
 
 from __future__ import annotations
 
@@ -11,8 +14,6 @@ from pytest_llmperf.cli.options import LLMPerfOptions
 
 if TYPE_CHECKING:
     from pytest_llmperf.objectives import SLO  # noqa: F401 - named in a StashKey's type string
-    from pytest_llmperf.plugin.perf import LLMPerf  # noqa: F401 - named in a StashKey's type string
-    from pytest_llmperf.plugin.session import LLMPerfSession
 
 SLO_MARKER_HELP = (
     "slo(**thresholds): performance objectives for the test's llmperf runs, e.g. "
@@ -23,8 +24,6 @@ SLO_MARKER_HELP = (
 PERF_FIXTURES = ("llmperf", "llm_server")
 
 OPTIONS_KEY = pytest.StashKey[LLMPerfOptions]()
-SESSION_KEY = pytest.StashKey["LLMPerfSession"]()
-PERF_KEY = pytest.StashKey["LLMPerf"]()
 SLO_KEY = pytest.StashKey["list[SLO]"]()
 NODEID_KEY = pytest.StashKey[str]()  # the node id before pytest-xdist's loadgroup suffix ("@llmperf")
 
@@ -39,7 +38,3 @@ def is_perf_item(item: pytest.Item) -> bool:
     """Whether the test measures: uses ``llmperf``/``llm_server`` or carries ``@slo``."""
     fixtures = getattr(item, "fixturenames", ())
     return any(name in fixtures for name in PERF_FIXTURES) or item.get_closest_marker("slo") is not None
-
-
-def existing_session(config: pytest.Config) -> LLMPerfSession | None:
-    return config.stash.get(SESSION_KEY, None)
