@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 from pytest_llmperf import Workload
+from pytest_llmperf.load.file_requests import TraceTraffic
 from pytest_llmperf.load.prompts import PromptFactory, estimated_model
-from pytest_llmperf.load.traffic import TraceTraffic
 from pytest_llmperf.traffic.synth import write_mooncake
 from pytest_llmperf.traffic.traces import scan
 

@@ -6,8 +6,8 @@ import pytest
 from simhelp import launch_sim, runner
 
 from pytest_llmperf import Workload
+from pytest_llmperf.load.file_requests import TraceTraffic
 from pytest_llmperf.load.prompts import PromptFactory, TokenModel
-from pytest_llmperf.load.traffic import TraceTraffic
 from pytest_llmperf.traffic.synth import write_azure, write_mooncake
 from pytest_llmperf.traffic.traces import TraceError, TraceSpec, rows, scan
 from pytest_llmperf.workload import WorkloadError

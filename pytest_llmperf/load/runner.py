@@ -23,8 +23,9 @@ from pytest_llmperf.cache_check import verify as verify_cache
 from pytest_llmperf.cache_check import verify_conversation, verify_hit_rate
 from pytest_llmperf.errors import InputError, LLMPerfError
 from pytest_llmperf.load.client import StreamingClient
-from pytest_llmperf.load.conversations import ConversationLoad
+from pytest_llmperf.load.file_requests import DatasetTraffic, TraceTraffic, load_dataset
 from pytest_llmperf.load.loadgen import LoadGenerator, LoadOutcome, OverloadGuard, Progress, run_sync
+from pytest_llmperf.load.multiturn import ConversationLoad
 from pytest_llmperf.load.prompts import (
     PromptFactory,
     TokenModel,
@@ -34,7 +35,6 @@ from pytest_llmperf.load.prompts import (
     fit_from_usage,
     planned_requests,
 )
-from pytest_llmperf.load.traffic import DatasetTraffic, TraceTraffic, load_dataset
 from pytest_llmperf.load.workers import ClientSpec, run_in_workers
 from pytest_llmperf.metrics import summarize
 from pytest_llmperf.records import PreparedRequest, RequestRecord
