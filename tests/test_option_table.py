@@ -160,7 +160,7 @@ def test_options_are_frozen_and_derived_values_keep_working():
 
 
 def test_server_choices_are_the_engine_presets():
-    from pytest_llmperf.servers.presets import PRESETS
+    from pytest_llmperf.servers.engine_presets import PRESETS
 
     assert SERVER_CHOICES == tuple(PRESETS)
     assert option_spec("server").choices == option_spec("ab-server").choices == SERVER_CHOICES

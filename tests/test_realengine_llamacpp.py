@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from pytest_llmperf.load.prompts import COMMON_WORDS
-from pytest_llmperf.servers.presets import build_launch
+from pytest_llmperf.servers.engine_presets import build_launch
 from pytest_llmperf.servers.process import free_port
 from pytest_llmperf.stats import VERDICTS
 from pytest_llmperf.telemetry.prometheus import parse_exposition

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     import argparse
     from collections.abc import Callable
 
-# The engine presets' names (pytest_llmperf.servers.presets.PRESETS, in its order). Written out
+# The engine presets' names (pytest_llmperf.servers.engine_presets.PRESETS, in its order). Written out
 # because the presets import the network stack, which loading the plugin must not;
 # tests/test_option_table.py holds the two equal.
 SERVER_CHOICES = ("sim", "vllm", "sglang", "tgi", "llamacpp", "ollama", "command")

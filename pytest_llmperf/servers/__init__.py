@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pytest_llmperf.servers.presets import (
+from pytest_llmperf.servers.engine_presets import (
     LLAMA_CPP_PYTHON,
     PRESETS,
     VLLM_CPU,

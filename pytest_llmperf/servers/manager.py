@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from pytest_llmperf.errors import LLMPerfError
-from pytest_llmperf.servers.presets import (
+from pytest_llmperf.servers.engine_presets import (
     EngineNotFound,
     LaunchSpec,
     PresetError,

