@@ -528,39 +528,6 @@ class BaselineStore:
         known = ", ".join(e.run_id for e in self.runs(name)[:5]) or "none"
         raise BaselineMissing(f"baseline {name!r} has no run {run_id!r} (newest: {known})")
 
-    def history(
-        self,
-        name: str,
-        limit: int | None = None,
-        fingerprint_match: Callable[[dict[str, Any] | None], bool] | None = None,
-        skip_corrupt: bool = False,
-    ) -> list[SavedRun]:
-        """Saved runs of ``name``, newest first, at most ``limit`` of them.
-
-        ``fingerprint_match`` receives each run's ``run["fingerprint"]`` (None when absent) and
-        keeps the run when it returns true (see :func:`pytest_llmperf.fingerprint.matcher`).
-        A corrupt file raises unless ``skip_corrupt``, which skips it with a :class:`StoreWarning`.
-        """
-        entries = self.runs(name)
-        if not entries:
-            raise self._missing(name)
-        out: list[SavedRun] = []
-        for entry in entries:
-            if limit is not None and len(out) >= limit:
-                break
-            try:
-                saved = self.load(entry.path)
-            except FileNotFoundError:
-                continue  # pruned by a concurrent save between listing and reading
-            except (BaselineCorrupt, BaselineTooNew) as exc:
-                if not skip_corrupt:
-                    raise
-                warnings.warn(f"skipping {exc}", StoreWarning, stacklevel=2)
-                continue
-            if fingerprint_match is None or fingerprint_match(saved.fingerprint):
-                out.append(saved)
-        return out
-
     def load(self, path: str | StorePath) -> SavedRun:
         """Read a saved run, or any result file (gzip or plain JSON) the user points at."""
         return load_run(str(path) if isinstance(path, ObjectPath) else path)
