@@ -115,7 +115,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from scipy import stats as sps
 
-from pytest_llmperf import defaults
+from pytest_llmperf import defaults, jsonio
 from pytest_llmperf.formatting import fmt_pair, fmt_pct, fmt_tolerance
 
 if TYPE_CHECKING:
@@ -285,7 +285,7 @@ class Comparison:
         data = dataclasses.asdict(self)
         data["verdict"] = self.verdict.value
         for key in _FLOAT_FIELDS:
-            data[key] = _float_to_json(data[key])
+            data[key] = jsonio.encode_float(data[key])
         return data
 
     @classmethod
@@ -1080,19 +1080,15 @@ def _fmt_pp(v: float) -> str:
     return f"{v * 100:+.2f} pp".replace("-", "−")
 
 
-def _float_to_json(v: float) -> float | str | None:
-    if math.isnan(v):
-        return None
-    if math.isinf(v):
-        return "inf" if v > 0 else "-inf"
-    return v
-
-
 def _float_from_json(v: Any, key: str) -> float:
     if v is None:
         return math.nan
-    if v in ("inf", "-inf"):
-        return float(v)
+    value = jsonio.decode_float(v)
+    if value is None:
+        raise ValueError(
+            f"Comparison.from_dict: {key} must be a number, null, 'inf' or '-inf'; got {v!r}"
+        )
+    return value
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise ValueError(
             f"Comparison.from_dict: {key} must be a number, null, 'inf' or '-inf'; got {v!r}"

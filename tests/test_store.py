@@ -58,7 +58,7 @@ def test_save_load_round_trip(tmp_path):
     assert saved.schema_version == SCHEMA_VERSION
     assert saved.saved_at.tzinfo == timezone.utc
     assert saved.run["tests"] == {"t[cold]": {"ttft_p95_s": 0.25, "n": 3, "x": 0.5}}
-    assert np.isnan(saved.run["nan"])
+    assert saved.run["nan"] is None  # strict JSON (pytest_llmperf.jsonio): NaN is written as null
     assert store.names() == ["main"]
     assert [e.path for e in store.runs("main")] == [path]
 

@@ -8,7 +8,9 @@ Layout::
 directory; ``%`` is not allowed in names, so the mapping is reversible. There is no index file:
 listing the directory is the index, so nothing can point at a file that is gone.
 
-Each file is ``{"schema_version", "kind", "name", "saved_at", "run"}``. A save writes a uniquely
+Each file is ``{"schema_version", "kind", "name", "saved_at", "run"}``, strict JSON written by
+:mod:`pytest_llmperf.jsonio` (NaN as ``null``, infinities as ``"inf"``/``"-inf"``; files saved by
+earlier versions spell them ``NaN``/``Infinity`` and still load). A save writes a uniquely
 named hidden temporary file in the same directory, fsyncs it and ``os.replace``\\ s it into place,
 so readers never see half a file and concurrent savers never share a temporary name.
 
@@ -35,10 +37,8 @@ one name at once both keep their run, and listing and pruning go by key.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import gzip
-import json
 import os
 import re
 import secrets
@@ -53,8 +53,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from pytest_llmperf import jsonio
 from pytest_llmperf.defaults import DEFAULT_KEEP, DEFAULT_STORE
 from pytest_llmperf.errors import LLMPerfError, LLMPerfWarning
 
@@ -230,7 +229,7 @@ def _check_reason(name: str, reason: Any) -> str:
 def _rebase_document(name: str, reason: str, now: datetime) -> bytes:
     doc = {"schema_version": SCHEMA_VERSION, "kind": REBASE_KIND, "name": name, "created_at": now.isoformat(),
            "reason": reason}
-    return (json.dumps(doc, indent=2) + "\n").encode()
+    return (jsonio.dumps(doc, indent=2) + "\n").encode()
 
 
 def _parse_mark(name: str, mark_id: str, path: StorePath, read: Callable[[], bytes]) -> RebaseMark | None:
@@ -239,7 +238,7 @@ def _parse_mark(name: str, mark_id: str, path: StorePath, read: Callable[[], byt
     created = _parse_run_id(mark_id)
     assert created is not None  # listed only when the id parses
     try:
-        doc = json.loads(read())
+        doc = jsonio.loads(read())
         reason = doc["reason"]
         if not isinstance(reason, str):
             raise TypeError(f"'reason' must be a string, got {type(reason).__name__}")
@@ -261,7 +260,7 @@ def _document(name: str, run: Mapping[str, Any], now: datetime) -> bytes:
         "run": dict(run),
     }
     try:
-        return json.dumps(doc, default=_json_default, separators=(",", ":")).encode()
+        return jsonio.dumps(doc, compact=True).encode()
     except (TypeError, ValueError) as exc:
         raise StoreError(f"cannot save baseline {name!r}: run is not JSON-serializable: {exc}") from None
 
@@ -583,8 +582,8 @@ class ObjectBaselineStore(BaselineStore):
         raw = os.environ.get(STORE_OPTIONS_ENV)
         if raw:
             try:
-                more = json.loads(raw)
-            except json.JSONDecodeError as exc:
+                more = jsonio.loads(raw)
+            except jsonio.JSONDecodeError as exc:
                 raise StoreError(f"{STORE_OPTIONS_ENV} must be a JSON object of fsspec storage options: {exc}") from None
             if not isinstance(more, dict):
                 raise StoreError(f"{STORE_OPTIONS_ENV} must be a JSON object of fsspec storage options")
@@ -789,8 +788,8 @@ def parse_run(raw: bytes, path: StorePath, mtime_of: Callable[[], datetime]) -> 
         except (EOFError, OSError, zlib.error) as exc:
             raise BaselineCorrupt(f"{path}: corrupt baseline file: gzip data is truncated or damaged ({exc})") from None
     try:
-        doc = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        doc = jsonio.loads(raw)
+    except (UnicodeDecodeError, jsonio.JSONDecodeError) as exc:
         raise BaselineCorrupt(f"{path}: corrupt baseline file: not valid JSON ({exc})") from None
     if not isinstance(doc, dict):
         raise BaselineCorrupt(f"{path}: corrupt baseline file: expected a JSON object, got {type(doc).__name__}")
@@ -848,18 +847,3 @@ def _fsync_dir(directory: Path) -> None:
         pass
     finally:
         os.close(fd)
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, Path):
-        return str(value)
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        to_dict = getattr(value, "to_dict", None)
-        return to_dict() if callable(to_dict) else dataclasses.asdict(value)
-    raise TypeError(f"object of type {type(value).__name__} is not JSON serializable")
