@@ -24,7 +24,7 @@ from pytest_llmperf.baseline.store import (
     StoreWarning,
 )
 from pytest_llmperf.cli.baselines import baselines_main
-from pytest_llmperf.errors import pytest_flag
+from pytest_llmperf.errors import InputError, pytest_flag
 from pytest_llmperf.fingerprint import Fingerprint, FingerprintMismatch, ensure_comparable
 
 
@@ -359,14 +359,16 @@ def test_pack_unpack_preserves_values_nan_and_shape():
 
 def test_unpack_rejects_bad_input():
     good = pack_samples(np.arange(4.0))
-    with pytest.raises(ValueError, match="unknown codec"):
+    # Stored samples that do not decode are a corrupt saved run.
+    with pytest.raises(BaselineCorrupt, match="unknown codec"):
         unpack_samples({**good, "codec": "zip"})
-    with pytest.raises(ValueError, match="do not hold shape"):
+    with pytest.raises(BaselineCorrupt, match="do not hold shape"):
         unpack_samples({**good, "shape": [5]})
-    with pytest.raises(ValueError, match="dtype must be one of"):
-        pack_samples(np.arange(3.0), dtype="float16")
-    with pytest.raises(ValueError, match="base64"):
+    with pytest.raises(BaselineCorrupt, match="base64"):
         unpack_samples({**good, "data": "!!!"})
+    # A bad argument of the caller's is an input error.
+    with pytest.raises(InputError, match="dtype must be one of"):
+        pack_samples(np.arange(3.0), dtype="float16")
 
 
 def test_sixty_second_run_is_tens_of_kb(tmp_path):

@@ -237,16 +237,20 @@ def _parse_mark(name: str, mark_id: str, path: StorePath, read: Callable[[], byt
     (its id says when), with a warning and a reason that says so."""
     created = _parse_run_id(mark_id)
     assert created is not None  # listed only when the id parses
+    problem: str | None = None
     try:
         doc = jsonio.loads(read())
         reason = doc["reason"]
-        if not isinstance(reason, str):
-            raise TypeError(f"'reason' must be a string, got {type(reason).__name__}")
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        warnings.warn(f"{path}: unreadable rebase marker ({type(exc).__name__}: {exc}); the history still "
-                      "starts after it", StoreWarning, stacklevel=3)
+        problem = f"{type(exc).__name__}: {exc}"
+    else:
+        if not isinstance(reason, str):
+            problem = f"'reason' must be a string, got {type(reason).__name__}"
+    if problem is not None:
+        warnings.warn(f"{path}: unreadable rebase marker ({problem}); the history still starts after it",
+                      StoreWarning, stacklevel=3)
         reason = "(reason unreadable)"
     return RebaseMark(name, mark_id, created, reason, path)
 

@@ -17,7 +17,7 @@ import numpy as np
 from pytest_llmperf import jsonio
 from pytest_llmperf.baseline.samples import is_packed, unpack_samples
 from pytest_llmperf.baseline.sessions import MIN_SESSIONS
-from pytest_llmperf.baseline.store import DEFAULT_ROOT, BaselineStore, SavedRun, StoreError
+from pytest_llmperf.baseline.store import DEFAULT_ROOT, BaselineCorrupt, BaselineStore, SavedRun, StoreError
 from pytest_llmperf.cli.options import add_shared_argument, option_spec
 from pytest_llmperf.errors import pytest_flag
 
@@ -180,7 +180,7 @@ def _short(value: Any) -> str:
     if is_packed(value):
         try:
             arr = unpack_samples(value)
-        except ValueError as exc:
+        except BaselineCorrupt as exc:
             return f"<unreadable samples: {exc}>"
         finite = arr[np.isfinite(arr)]
         median = f", median {np.median(finite):.6g}" if finite.size else ""

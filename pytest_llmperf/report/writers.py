@@ -31,6 +31,10 @@ class ReportSchemaError(LLMPerfError, ValueError):
     """A report document that does not match the schema; the message lists each problem by path."""
 
 
+class StepSummaryError(LLMPerfError, OSError):
+    """The GitHub step summary file cannot be appended to; the message names it and why."""
+
+
 def write_reports(
     doc: Mapping[str, Any], report_dir: Path | str, *, github_step_summary: str | os.PathLike[str] | None = None
 ) -> list[Path]:
@@ -73,7 +77,7 @@ def append_step_summary(path: Path, markdown: str) -> None:
         with open(path, "a", encoding="utf-8") as fh:
             fh.write(markdown if markdown.endswith("\n") else markdown + "\n")
     except OSError as exc:
-        raise OSError(f"cannot append to GITHUB_STEP_SUMMARY file {path}: {exc.strerror or exc}") from exc
+        raise StepSummaryError(f"cannot append to GITHUB_STEP_SUMMARY file {path}: {exc.strerror or exc}") from exc
 
 
 def schema_path() -> Path:
