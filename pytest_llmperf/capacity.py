@@ -91,13 +91,6 @@ class CapacityResult:
     def goodput_curve(self) -> list[tuple[float, float]]:
         return [(s.rate_rps, s.goodput_rps) for s in self.curve]
 
-    def latency_curve(self, metric: str = "ttft") -> list[tuple[float, float | None]]:
-        """rate → p95 of ``metric`` (ttft, tpot, itl, e2e)."""
-        name = f"{metric}_p95_s"
-        if name not in {f.name for f in dataclasses.fields(CapacityStep)}:
-            raise CapacityError(f"latency_curve: unknown metric {metric!r}; valid: ttft, tpot, itl, e2e")
-        return [(s.rate_rps, getattr(s, name)) for s in self.curve]
-
     @property
     def gated_stats(self) -> dict[str, float]:
         """Statistics a baseline comparison can gate (higher is better for every one)."""

@@ -9,6 +9,13 @@
 
 Library messages never name command-line flags: the plugin and the CLI add those when they
 report an error, since only they know how the value was given.
+
+No module raises a builtin exception it constructs (``raise ValueError(...)``,
+``RuntimeError``, ``TypeError``, ``KeyError``, ``OSError``, ``Exception``): it raises a class of
+this tree, with the builtin as a second base where callers may catch it (``InputError`` is a
+``ValueError``; ``WorkerError(LLMPerfError, RuntimeError)``). ``tests/test_exception_tree.py``
+walks every module's syntax tree and names any such ``raise`` by file and line; re-raises,
+``NotImplementedError`` and ``assert`` are fine.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -229,21 +229,3 @@ def ensure_comparable(
     if blocking:
         raise FingerprintMismatch(blocking)
     return diffs
-
-
-def matcher(candidate: Fingerprint, allow: Iterable[str] | str = ()) -> Callable[[Any], bool]:
-    """A predicate over stored fingerprint dicts, for ``BaselineStore.history(fingerprint_match=)``:
-    true when the stored fingerprint has no blocking difference from ``candidate``. A run without
-    a fingerprint, or with one that cannot be read, does not match."""
-    allowed = _parse_allow(allow)
-
-    def match(stored: Any) -> bool:
-        if stored is None:
-            return False
-        try:
-            base = stored if isinstance(stored, Fingerprint) else Fingerprint.from_dict(stored)
-        except FingerprintError:
-            return False
-        return not [d for d in _all_diffs(base, candidate) if not _is_allowed(d.field, allowed)]
-
-    return match

@@ -17,6 +17,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from pytest_llmperf.jsonio import decode_float
+
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
 
@@ -25,13 +27,10 @@ MISSING = "–"
 
 
 def _number(value: Any) -> float | None:
-    """A float from a number or the JSON spellings ``"inf"``/``"-inf"``; None when missing."""
-    if value in ("inf", "-inf"):
-        return float(value)
-    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    value = float(value)
-    return None if math.isnan(value) else value
+    """A float from a number or the JSON spellings ``"inf"``/``"-inf"`` (:mod:`pytest_llmperf.jsonio`);
+    None when missing or NaN."""
+    number = decode_float(value)
+    return None if number is None or math.isnan(number) else number
 
 
 def fmt_s(value: float | None) -> str:

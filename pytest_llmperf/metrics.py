@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from pytest_llmperf.errors import InputError
 from pytest_llmperf.records import PHASE_MEASURE, PHASE_WARMUP, RequestRecord
 
 
@@ -61,11 +62,11 @@ def _picked(cls: type, data: Mapping[str, Any], what: str) -> dict[str, Any]:
     """The fields of ``cls`` out of ``data``; missing ones are an error, unknown ones are ignored
     so a file written by a newer version that added fields still loads."""
     if not isinstance(data, Mapping):
-        raise ValueError(f"{what}: expected a mapping, got {type(data).__name__}")
+        raise InputError(f"{what}: expected a mapping, got {type(data).__name__}")
     names = [f.name for f in fields(cls)]
     missing = [n for n in names if n not in data]
     if missing:
-        raise ValueError(f"{what}: missing key(s) {', '.join(missing)}")
+        raise InputError(f"{what}: missing key(s) {', '.join(missing)}")
     return {n: data[n] for n in names}
 
 
@@ -80,7 +81,7 @@ def sample_stat(values: np.ndarray, stat: str) -> float:
         return float(np.min(values))
     if stat == "max":
         return float(np.max(values))
-    raise ValueError(f"unknown statistic {stat!r}; valid: {', '.join(STATS + ('min',))}")
+    raise InputError(f"unknown statistic {stat!r}; valid: {', '.join(STATS + ('min',))}")
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,7 @@ class Distribution:
         if arr.size == 0:
             return cls()
         if not np.all(np.isfinite(arr)):
-            raise ValueError("Distribution: samples must be finite (got an infinite value)")
+            raise InputError("Distribution: samples must be finite (got an infinite value)")
         p50, p90, p95, p99 = np.percentile(arr, [50.0, 90.0, 95.0, 99.0])
         return cls(
             count=int(arr.size),
@@ -126,7 +127,7 @@ class Distribution:
     def stat(self, name: str) -> float | None:
         """The named statistic (``p95``, ``mean``, ...); None when there were no samples."""
         if name not in STATS and name != "min":
-            raise ValueError(f"unknown statistic {name!r}; valid: {', '.join(STATS + ('min',))}")
+            raise InputError(f"unknown statistic {name!r}; valid: {', '.join(STATS + ('min',))}")
         return getattr(self, name)
 
     def to_dict(self) -> dict[str, Any]:
@@ -249,7 +250,7 @@ class Summary:
     def distribution(self, metric: str) -> Distribution:
         """The distribution of ``metric`` (``ttft``, ``ttfvt``, ``tpot``, ``itl``, ``e2e``)."""
         if metric not in METRICS:
-            raise ValueError(f"unknown metric {metric!r}; valid: {', '.join(METRICS)}")
+            raise InputError(f"unknown metric {metric!r}; valid: {', '.join(METRICS)}")
         return getattr(self, f"{metric}_s")
 
     def to_dict(self) -> dict[str, Any]:
@@ -307,7 +308,7 @@ def request_itl_s(record: RequestRecord) -> np.ndarray:
     if record.chunk_tokens:
         tokens = np.asarray(record.chunk_tokens, dtype=float)
         if tokens.shape != times.shape:
-            raise ValueError(
+            raise InputError(
                 f"record {record.index}: chunk_tokens has {tokens.size} entries but chunk_times_s "
                 f"has {times.size}; they must pair up one per chunk"
             )
@@ -319,7 +320,7 @@ def request_itl_s(record: RequestRecord) -> np.ndarray:
         return np.empty(0)
     gaps = np.diff(times)
     if np.any(gaps < 0):
-        raise ValueError(f"record {record.index}: chunk_times_s must be non-decreasing")
+        raise InputError(f"record {record.index}: chunk_times_s must be non-decreasing")
     later = tokens[1:]
     repeats = np.maximum(1, np.rint(later).astype(int))
     return np.repeat(gaps / later, repeats)
@@ -339,11 +340,11 @@ def _is_cancelled(record: RequestRecord) -> bool:
 def _check_records(records: Sequence[RequestRecord]) -> None:
     for r in records:
         if r.phase not in PHASES:
-            raise ValueError(
+            raise InputError(
                 f"record {r.index}: unknown phase {r.phase!r}; valid: {', '.join(PHASES)}"
             )
         if r.token_source not in TOKEN_SOURCES:
-            raise ValueError(
+            raise InputError(
                 f"record {r.index}: unknown token_source {r.token_source!r}; "
                 f"valid: {', '.join(TOKEN_SOURCES)}"
             )
@@ -428,7 +429,7 @@ def censored_stat(
         arr = np.concatenate(gaps) if gaps else np.empty(0)
         return (sample_stat(arr, stat) if arr.size else None), int(arr.size), 0
     if metric not in CENSORED_METRICS:
-        raise ValueError(f"unknown metric {metric!r}; valid: {', '.join(METRICS)}")
+        raise InputError(f"unknown metric {metric!r}; valid: {', '.join(METRICS)}")
     values = [getattr(r, f"{metric}_s") for r in succeeded]
     ok = np.array([v for v in values if v is not None], dtype=float)
     failed = len(measured) - len(succeeded)
@@ -440,7 +441,7 @@ def censored_stat(
     if stat == "max":
         return (math.inf if failed else float(ok.max())), n, failed
     if stat not in _PERCENTILES:
-        raise ValueError(f"unknown statistic {stat!r}; valid: {', '.join(STATS)}")
+        raise InputError(f"unknown statistic {stat!r}; valid: {', '.join(STATS)}")
     values_with_failures = np.concatenate([ok, np.full(failed, np.nan)])
     return censored_percentile(values_with_failures, _PERCENTILES[stat]), n, failed
 
@@ -653,9 +654,9 @@ def _window(measured: Sequence[RequestRecord], window_s: tuple[float, float] | N
         try:
             start, end = (float(x) for x in window_s)
         except (TypeError, ValueError):
-            raise ValueError(f"window_s must be a (start_s, end_s) pair, got {window_s!r}") from None
+            raise InputError(f"window_s must be a (start_s, end_s) pair, got {window_s!r}") from None
         if not (math.isfinite(start) and math.isfinite(end) and end > start):
-            raise ValueError(f"window_s must be finite with end > start, got {window_s!r}")
+            raise InputError(f"window_s must be finite with end > start, got {window_s!r}")
         return start, end
     if not measured:
         return 0.0, 0.0
@@ -687,7 +688,7 @@ def summarize(
     if loop_lag_p99_s is not None and not (
         isinstance(loop_lag_p99_s, (int, float)) and math.isfinite(loop_lag_p99_s) and loop_lag_p99_s >= 0
     ):
-        raise ValueError(f"loop_lag_p99_s must be a non-negative number, got {loop_lag_p99_s!r}")
+        raise InputError(f"loop_lag_p99_s must be a non-negative number, got {loop_lag_p99_s!r}")
     _check_records(records)
     return _summarize(records, slo, window_s, loop_lag_p99_s, split_types=True)
 

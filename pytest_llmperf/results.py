@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from pytest_llmperf.errors import InputError
 from pytest_llmperf.metrics import Summary, summarize
 from pytest_llmperf.records import PHASE_MEASURE, RequestRecord
 
@@ -107,7 +108,7 @@ def with_gpu(summary: Summary, gpu: Mapping[str, Any] | None, output_tokens: int
     ``output_tokens`` every token generated while it was sampled, warm-up included.
     """
     if throttle not in THROTTLE_POLICIES:
-        raise ValueError(f"throttle policy must be one of {', '.join(THROTTLE_POLICIES)}, got {throttle!r}")
+        raise InputError(f"throttle policy must be one of {', '.join(THROTTLE_POLICIES)}, got {throttle!r}")
     if not gpu or not gpu.get("available"):
         return summary
     energy = gpu.get("energy_j")

@@ -115,7 +115,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from scipy import stats as sps
 
-from pytest_llmperf import defaults
+from pytest_llmperf import defaults, jsonio
+from pytest_llmperf.errors import InputError
 from pytest_llmperf.formatting import fmt_pair, fmt_pct, fmt_tolerance
 
 if TYPE_CHECKING:
@@ -285,7 +286,7 @@ class Comparison:
         data = dataclasses.asdict(self)
         data["verdict"] = self.verdict.value
         for key in _FLOAT_FIELDS:
-            data[key] = _float_to_json(data[key])
+            data[key] = jsonio.encode_float(data[key])
         return data
 
     @classmethod
@@ -293,23 +294,23 @@ class Comparison:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:
-            raise ValueError(
+            raise InputError(
                 f"Comparison.from_dict: unknown keys {unknown}; valid keys: {sorted(names)}"
             )
         optional = ("reason", "method")
         missing = sorted(n for n in names if n not in data and n not in optional)
         if missing:
-            raise ValueError(f"Comparison.from_dict: missing keys {missing}")
+            raise InputError(f"Comparison.from_dict: missing keys {missing}")
         kwargs = dict(data)
         if kwargs["mode"] not in MODES:
-            raise ValueError(
+            raise InputError(
                 f"Comparison.from_dict: mode {data['mode']!r} is not one of {list(MODES)}"
             )
         try:
             kwargs["verdict"] = Verdict(kwargs["verdict"])
         except ValueError:
             valid = [v.value for v in Verdict]
-            raise ValueError(
+            raise InputError(
                 f"Comparison.from_dict: verdict {data['verdict']!r} is not one of {valid}"
             ) from None
         for key in _FLOAT_FIELDS:
@@ -578,10 +579,10 @@ def compare_counts(
     _check_common(name, tolerance, alpha)
     counts = [baseline_failed, baseline_total, candidate_failed, candidate_total]
     if any(isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < 0 for x in counts):
-        raise ValueError(f"{name}: failure counts and totals must be non-negative integers, got {counts}")
+        raise InputError(f"{name}: failure counts and totals must be non-negative integers, got {counts}")
     kb, nb, kc, nc = (int(x) for x in counts)
     if kb > nb or kc > nc:
-        raise ValueError(f"{name}: more failures than requests ({kb}/{nb} vs {kc}/{nc})")
+        raise InputError(f"{name}: more failures than requests ({kb}/{nb} vs {kc}/{nc})")
     common: dict[str, Any] = dict(name=name, unit="fraction", higher_is_better=False, alpha=alpha, mode="counts",
                                   n_baseline=nb, n_candidate=nc,
                                   method="Fisher exact (one-sided) on pooled failures; Newcombe interval")
@@ -652,11 +653,11 @@ def compare_sequences(
     _check_common(name, tolerance, alpha)
     q = _parse_statistic(statistic, name)
     if not (isinstance(n_resamples, int) and n_resamples >= 100):
-        raise ValueError(f"{name}: n_resamples must be an integer >= 100, got {n_resamples!r}")
+        raise InputError(f"{name}: n_resamples must be an integer >= 100, got {n_resamples!r}")
     if not (math.isfinite(run_cv) and run_cv >= 0):
-        raise ValueError(f"{name}: run_cv must be a finite number >= 0, got {run_cv!r}")
+        raise InputError(f"{name}: run_cv must be a finite number >= 0, got {run_cv!r}")
     if block_len is not None and not (isinstance(block_len, int) and block_len >= 1):
-        raise ValueError(f"{name}: block_len must be a positive integer or None, got {block_len!r}")
+        raise InputError(f"{name}: block_len must be a positive integer or None, got {block_len!r}")
     b = _as_1d(baseline, "baseline", name)
     c = _as_1d(candidate, "candidate", name)
     common: dict[str, Any] = dict(
@@ -674,7 +675,7 @@ def compare_sequences(
         windows = {"baseline_window_s": baseline_window_s, "candidate_window_s": candidate_window_s}
         for key, w in windows.items():
             if w is None or not (math.isfinite(w) and w > 0):
-                raise ValueError(
+                raise InputError(
                     f"{name}: statistic 'rate' needs {key} > 0 (goodput = good requests / window), "
                     f"got {w!r}"
                 )
@@ -682,7 +683,7 @@ def compare_sequences(
         c = np.where(np.isnan(c), 0.0, c)
         for side, arr in (("baseline", b), ("candidate", c)):
             if not np.isin(arr, (0.0, 1.0)).all():
-                raise ValueError(
+                raise InputError(
                     f"{name}: statistic 'rate' needs a {side} sequence of 0/1 good-request indicators"
                 )
         prepared = (b, c)
@@ -931,7 +932,7 @@ def estimate_run_cv(trial_values: Sequence[float]) -> float:
     """Between-run CV of one statistic from its per-trial values (SD of the logs, as a CV)."""
     arr = _as_1d(trial_values, "trial_values", "estimate_run_cv")
     if arr.size < 2 or not np.all(np.isfinite(arr) & (arr > 0)):
-        raise ValueError("estimate_run_cv: needs at least 2 finite, positive trial values")
+        raise InputError("estimate_run_cv: needs at least 2 finite, positive trial values")
     sd = float(np.std(np.log(arr), ddof=1))
     return math.sqrt(math.expm1(sd**2))
 
@@ -952,7 +953,7 @@ def trials_needed(
     ``max_trials + 1`` when even ``max_trials`` is not enough.
     """
     if not (run_cv > 0 and effect > 0 and 0 < alpha < 0.5 and 0 < power < 1):
-        raise ValueError(
+        raise InputError(
             "trials_needed: needs run_cv > 0, effect > 0, 0 < alpha < 0.5, 0 < power < 1"
         )
     sigma = math.sqrt(math.log1p(run_cv**2))
@@ -1030,13 +1031,13 @@ def _not_gated(
 
 def _check_common(name: str, tolerance: float, alpha: float) -> None:
     if not isinstance(name, str) or not name:
-        raise ValueError(f"comparison name must be a non-empty string, got {name!r}")
+        raise InputError(f"comparison name must be a non-empty string, got {name!r}")
     if not (isinstance(tolerance, (int, float)) and math.isfinite(tolerance) and 0 <= tolerance < 1):
-        raise ValueError(
+        raise InputError(
             f"{name}: tolerance must be a relative change in [0, 1), e.g. 0.05 for 5%; got {tolerance!r}"
         )
     if not (isinstance(alpha, (int, float)) and 0 < alpha < 0.5):
-        raise ValueError(f"{name}: alpha must be in (0, 0.5), e.g. 0.05; got {alpha!r}")
+        raise InputError(f"{name}: alpha must be in (0, 0.5), e.g. 0.05; got {alpha!r}")
 
 
 def _parse_statistic(statistic: str, name: str) -> float | None:
@@ -1044,7 +1045,7 @@ def _parse_statistic(statistic: str, name: str) -> float | None:
         return None
     match = _PERCENTILE_RE.match(statistic) if isinstance(statistic, str) else None
     if match is None or not 0 < float(match.group(1)) < 100:
-        raise ValueError(
+        raise InputError(
             f"{name}: unknown statistic {statistic!r}; valid choices: {', '.join(QUICK_STATISTICS)} "
             "(or any percentile pNN between p1 and p99.9)"
         )
@@ -1055,9 +1056,9 @@ def _as_1d(values: Any, side: str, name: str) -> np.ndarray:
     try:
         arr = np.asarray(values, dtype=float)
     except (TypeError, ValueError):
-        raise ValueError(f"{name}: {side} must be a sequence of numbers") from None
+        raise InputError(f"{name}: {side} must be a sequence of numbers") from None
     if arr.ndim != 1:
-        raise ValueError(f"{name}: {side} must be one-dimensional, got shape {arr.shape}")
+        raise InputError(f"{name}: {side} must be one-dimensional, got shape {arr.shape}")
     return arr
 
 
@@ -1080,21 +1081,17 @@ def _fmt_pp(v: float) -> str:
     return f"{v * 100:+.2f} pp".replace("-", "−")
 
 
-def _float_to_json(v: float) -> float | str | None:
-    if math.isnan(v):
-        return None
-    if math.isinf(v):
-        return "inf" if v > 0 else "-inf"
-    return v
-
-
 def _float_from_json(v: Any, key: str) -> float:
     if v is None:
         return math.nan
-    if v in ("inf", "-inf"):
-        return float(v)
+    value = jsonio.decode_float(v)
+    if value is None:
+        raise InputError(
+            f"Comparison.from_dict: {key} must be a number, null, 'inf' or '-inf'; got {v!r}"
+        )
+    return value
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ValueError(
+        raise InputError(
             f"Comparison.from_dict: {key} must be a number, null, 'inf' or '-inf'; got {v!r}"
         )
     return float(v)

@@ -113,11 +113,11 @@ class Timeslices:
         }
         missing = [k for k in ("timeslice_s", "window_start_s", *columns) if k not in data]
         if missing:
-            raise ValueError(f"timeslices: missing key(s) {', '.join(missing)}")
+            raise InputError(f"timeslices: missing key(s) {', '.join(missing)}")
         values = {k: read(k) for k, read in columns.items()}
         lengths = {len(v) for v in values.values()}
         if len(lengths) > 1:
-            raise ValueError("timeslices: columns differ in length")
+            raise InputError("timeslices: columns differ in length")
         return cls(timeslice_s=float(data["timeslice_s"]), window_start_s=float(data["window_start_s"]),
                    gauges_available=bool(data.get("gauges_available", False)),
                    gauges_reason=data.get("gauges_reason"), **values)
@@ -146,7 +146,7 @@ def compute_timeslices(
     step = check_timeslice_s(timeslice_s)
     start, end = (float(x) for x in window_s)
     if not (math.isfinite(start) and math.isfinite(end)):
-        raise ValueError(f"window_s must be finite, got {window_s!r}")
+        raise InputError(f"window_s must be finite, got {window_s!r}")
     span = max(0.0, end - start)
     n = math.ceil(span / step - _EDGE_SLACK) if span > 0 else 0
     starts = np.arange(n, dtype=float) * step
@@ -178,7 +178,7 @@ def compute_timeslices(
             times = np.asarray(r.chunk_times_s, dtype=float)
             counts = np.asarray(r.chunk_tokens, dtype=float) if r.chunk_tokens else np.ones_like(times)
             if counts.shape != times.shape:
-                raise ValueError(f"record {r.index}: chunk_tokens has {counts.size} entries but chunk_times_s "
+                raise InputError(f"record {r.index}: chunk_tokens has {counts.size} entries but chunk_times_s "
                                  f"has {times.size}; they must pair up one per chunk")
         elif r.output_tokens and r.end_s is not None:
             times, counts = np.array([r.end_s]), np.array([float(r.output_tokens)])

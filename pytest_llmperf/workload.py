@@ -34,6 +34,10 @@ class WorkloadError(InputError):
     """A workload that cannot be run as written; the message names the field (and file/line)."""
 
 
+class NotAWorkload(WorkloadError, TypeError):
+    """Something else given where a :class:`Workload` is expected (also a ``TypeError``)."""
+
+
 @dataclass(frozen=True)
 class LengthDist:
     """A token-length distribution. ``LengthDist.parse`` accepts an int, a list or a mapping.

@@ -11,7 +11,6 @@ from pytest_llmperf.fingerprint import (
     FingerprintMismatch,
     diff,
     ensure_comparable,
-    matcher,
     valid_fields,
 )
 from pytest_llmperf.telemetry.gpu import collect_gpu
@@ -108,16 +107,18 @@ def test_unknown_allow_names_list_valid_fields():
     for name in valid_fields():
         assert name in message
     with pytest.raises(FingerprintError, match="modle"):
-        matcher(H100, allow="modle")
+        ensure_comparable(H100, H100, allow="modle")
 
 
-def test_matcher_predicate():
-    match = matcher(H100)
-    assert match(H100.to_dict())
-    assert not match(_with(model="other").to_dict())
-    assert not match(None)
-    assert not match({"gpu_count": "broken"})
-    assert matcher(H100, allow=["model"])(_with(model="other").to_dict())
+def test_stored_fingerprints_compare_as_the_gate_reads_them():
+    # A stored fingerprint dict comes back through from_dict, then ensure_comparable decides.
+    assert ensure_comparable(Fingerprint.from_dict(H100.to_dict()), H100) == []
+    with pytest.raises(FingerprintMismatch, match="model"):
+        ensure_comparable(Fingerprint.from_dict(_with(model="other").to_dict()), H100)
+    with pytest.raises(FingerprintError):
+        Fingerprint.from_dict({"gpu_count": "broken"})
+    allowed = ensure_comparable(Fingerprint.from_dict(_with(model="other").to_dict()), H100, allow=["model"])
+    assert [d.field for d in allowed] == ["model"]
 
 
 def test_for_run_fills_version_hash_and_gpu():

@@ -84,7 +84,7 @@ def test_save_list_prune_load_delete_on_s3(bucket):
     assert [str(r.path) for r in runs] == [str(p) for p in paths[:0:-1]]  # newest first, oldest pruned
     assert store.latest("feature/x").run == _doc(2)
     assert store.get("feature/x", runs[1].run_id).run == _doc(1)
-    assert [r.run["i"] for r in store.history("feature/x")] == [2, 1]
+    assert [r.run["i"] for r in load_history(store, "feature/x").runs] == [2, 1]
     assert [r.run_id for r in load_history(store, "feature/x").runs] == [r.run_id for r in runs]
     assert store.delete("feature/x", runs[0].run_id) == 1
     assert store.delete("feature/x") == 1
@@ -131,7 +131,7 @@ def test_two_concurrent_saves_under_one_name_keep_both_runs(bucket):
     for t in threads:
         t.join(60)
     assert not errors
-    runs = BaselineStore(f"s3://{bucket}/shared").history("main")
+    runs = load_history(BaselineStore(f"s3://{bucket}/shared"), "main").runs
     assert sorted(r.run["i"] for r in runs) == [0, 1]
 
 

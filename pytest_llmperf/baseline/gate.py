@@ -71,6 +71,7 @@ from pytest_llmperf.baseline.sessions import (
     session_tests,
     total_test,
 )
+from pytest_llmperf.errors import InputError
 from pytest_llmperf.formatting import fmt_pct
 from pytest_llmperf.stats import DEFAULT_ALPHA, DEFAULT_TOLERANCE, Comparison, Verdict, compare_counts, decide, holm
 
@@ -141,7 +142,7 @@ class GateSession:
     def add_reference(self, key: str, entry: SavedEntry) -> None:
         """The reference's entry for ``key``, measured in the same blocks as the candidate's."""
         if not self.paired:
-            raise ValueError("add_reference is for A/B sessions (GateSession.against_reference)")
+            raise InputError("add_reference is for A/B sessions (GateSession.against_reference)")
         assert isinstance(self.baseline, dict)
         self.baseline[key] = [entry]
 

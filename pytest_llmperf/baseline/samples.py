@@ -1,7 +1,8 @@
 """Compact per-request samples for JSON: how a saved run stores latencies without bloating.
 
 A series is encoded as little-endian bytes, byte-shuffled (all first bytes, then all second
-bytes...) so the outer gzip finds the repetition in exponents, then base64.
+bytes...) so the outer gzip finds the repetition in exponents, then base64. A payload that does
+not decode is a corrupt saved run: :class:`~pytest_llmperf.baseline.store.BaselineCorrupt`.
 """
 
 from __future__ import annotations
@@ -12,13 +13,15 @@ from typing import Any, TypedDict
 
 import numpy as np
 
+from pytest_llmperf.baseline.store import BaselineCorrupt
+from pytest_llmperf.errors import InputError
+
 
 class PackedSamples(TypedDict):
     codec: str
     dtype: str
     shape: list[int]
     data: str
-
 
 
 _CODEC = "shuffle-le-b64"
@@ -34,7 +37,7 @@ def pack_samples(arr: Any, dtype: str = "float32") -> PackedSamples:
     absolute timestamps in long runs; pass ``dtype="float64"`` for those.
     """
     if dtype not in _DTYPES:
-        raise ValueError(f"pack_samples: dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
+        raise InputError(f"pack_samples: dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
     data = np.asarray(arr, dtype=np.float64)
     little = np.ascontiguousarray(data.astype(_DTYPES[dtype]).reshape(-1))
     width = little.dtype.itemsize
@@ -50,23 +53,23 @@ def pack_samples(arr: Any, dtype: str = "float32") -> PackedSamples:
 def unpack_samples(packed: Mapping[str, Any]) -> np.ndarray:
     """Decode :func:`pack_samples` output to a float64 array of the original shape."""
     if not isinstance(packed, Mapping):
-        raise ValueError(f"unpack_samples: expected a packed-samples mapping, got {type(packed).__name__}")
+        raise BaselineCorrupt(f"unpack_samples: expected a packed-samples mapping, got {type(packed).__name__}")
     if packed.get("codec") != _CODEC:
-        raise ValueError(f"unpack_samples: unknown codec {packed.get('codec')!r}; expected {_CODEC!r}")
+        raise BaselineCorrupt(f"unpack_samples: unknown codec {packed.get('codec')!r}; expected {_CODEC!r}")
     dtype = packed.get("dtype")
     if dtype not in _DTYPES:
-        raise ValueError(f"unpack_samples: dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
+        raise BaselineCorrupt(f"unpack_samples: dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
     shape = packed.get("shape")
     if not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape):
-        raise ValueError(f"unpack_samples: 'shape' must be a list of non-negative integers, got {shape!r}")
+        raise BaselineCorrupt(f"unpack_samples: 'shape' must be a list of non-negative integers, got {shape!r}")
     try:
         raw = base64.b64decode(packed.get("data", ""), validate=True)
     except (ValueError, TypeError) as exc:
-        raise ValueError(f"unpack_samples: 'data' is not valid base64 ({exc})") from None
+        raise BaselineCorrupt(f"unpack_samples: 'data' is not valid base64 ({exc})") from None
     width = np.dtype(_DTYPES[dtype]).itemsize
     count = int(np.prod(shape)) if shape else 1
     if len(raw) != count * width:
-        raise ValueError(f"unpack_samples: {len(raw)} bytes do not hold shape {shape} of {dtype}")
+        raise BaselineCorrupt(f"unpack_samples: {len(raw)} bytes do not hold shape {shape} of {dtype}")
     planes = np.frombuffer(raw, dtype=np.uint8).reshape(width, count)
     values = np.ascontiguousarray(planes.T).view(_DTYPES[dtype]).reshape(-1)
     return values.astype(np.float64).reshape(shape)

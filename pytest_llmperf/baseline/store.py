@@ -8,7 +8,9 @@ Layout::
 directory; ``%`` is not allowed in names, so the mapping is reversible. There is no index file:
 listing the directory is the index, so nothing can point at a file that is gone.
 
-Each file is ``{"schema_version", "kind", "name", "saved_at", "run"}``. A save writes a uniquely
+Each file is ``{"schema_version", "kind", "name", "saved_at", "run"}``, strict JSON written by
+:mod:`pytest_llmperf.jsonio` (NaN as ``null``, infinities as ``"inf"``/``"-inf"``; files saved by
+earlier versions spell them ``NaN``/``Infinity`` and still load). A save writes a uniquely
 named hidden temporary file in the same directory, fsyncs it and ``os.replace``\\ s it into place,
 so readers never see half a file and concurrent savers never share a temporary name.
 
@@ -35,10 +37,8 @@ one name at once both keep their run, and listing and pruning go by key.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import gzip
-import json
 import os
 import re
 import secrets
@@ -53,8 +53,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from pytest_llmperf import jsonio
 from pytest_llmperf.defaults import DEFAULT_KEEP, DEFAULT_STORE
 from pytest_llmperf.errors import LLMPerfError, LLMPerfWarning
 
@@ -230,7 +229,7 @@ def _check_reason(name: str, reason: Any) -> str:
 def _rebase_document(name: str, reason: str, now: datetime) -> bytes:
     doc = {"schema_version": SCHEMA_VERSION, "kind": REBASE_KIND, "name": name, "created_at": now.isoformat(),
            "reason": reason}
-    return (json.dumps(doc, indent=2) + "\n").encode()
+    return (jsonio.dumps(doc, indent=2) + "\n").encode()
 
 
 def _parse_mark(name: str, mark_id: str, path: StorePath, read: Callable[[], bytes]) -> RebaseMark | None:
@@ -238,16 +237,20 @@ def _parse_mark(name: str, mark_id: str, path: StorePath, read: Callable[[], byt
     (its id says when), with a warning and a reason that says so."""
     created = _parse_run_id(mark_id)
     assert created is not None  # listed only when the id parses
+    problem: str | None = None
     try:
-        doc = json.loads(read())
+        doc = jsonio.loads(read())
         reason = doc["reason"]
-        if not isinstance(reason, str):
-            raise TypeError(f"'reason' must be a string, got {type(reason).__name__}")
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        warnings.warn(f"{path}: unreadable rebase marker ({type(exc).__name__}: {exc}); the history still "
-                      "starts after it", StoreWarning, stacklevel=3)
+        problem = f"{type(exc).__name__}: {exc}"
+    else:
+        if not isinstance(reason, str):
+            problem = f"'reason' must be a string, got {type(reason).__name__}"
+    if problem is not None:
+        warnings.warn(f"{path}: unreadable rebase marker ({problem}); the history still starts after it",
+                      StoreWarning, stacklevel=3)
         reason = "(reason unreadable)"
     return RebaseMark(name, mark_id, created, reason, path)
 
@@ -261,7 +264,7 @@ def _document(name: str, run: Mapping[str, Any], now: datetime) -> bytes:
         "run": dict(run),
     }
     try:
-        return json.dumps(doc, default=_json_default, separators=(",", ":")).encode()
+        return jsonio.dumps(doc, compact=True).encode()
     except (TypeError, ValueError) as exc:
         raise StoreError(f"cannot save baseline {name!r}: run is not JSON-serializable: {exc}") from None
 
@@ -528,39 +531,6 @@ class BaselineStore:
         known = ", ".join(e.run_id for e in self.runs(name)[:5]) or "none"
         raise BaselineMissing(f"baseline {name!r} has no run {run_id!r} (newest: {known})")
 
-    def history(
-        self,
-        name: str,
-        limit: int | None = None,
-        fingerprint_match: Callable[[dict[str, Any] | None], bool] | None = None,
-        skip_corrupt: bool = False,
-    ) -> list[SavedRun]:
-        """Saved runs of ``name``, newest first, at most ``limit`` of them.
-
-        ``fingerprint_match`` receives each run's ``run["fingerprint"]`` (None when absent) and
-        keeps the run when it returns true (see :func:`pytest_llmperf.fingerprint.matcher`).
-        A corrupt file raises unless ``skip_corrupt``, which skips it with a :class:`StoreWarning`.
-        """
-        entries = self.runs(name)
-        if not entries:
-            raise self._missing(name)
-        out: list[SavedRun] = []
-        for entry in entries:
-            if limit is not None and len(out) >= limit:
-                break
-            try:
-                saved = self.load(entry.path)
-            except FileNotFoundError:
-                continue  # pruned by a concurrent save between listing and reading
-            except (BaselineCorrupt, BaselineTooNew) as exc:
-                if not skip_corrupt:
-                    raise
-                warnings.warn(f"skipping {exc}", StoreWarning, stacklevel=2)
-                continue
-            if fingerprint_match is None or fingerprint_match(saved.fingerprint):
-                out.append(saved)
-        return out
-
     def load(self, path: str | StorePath) -> SavedRun:
         """Read a saved run, or any result file (gzip or plain JSON) the user points at."""
         return load_run(str(path) if isinstance(path, ObjectPath) else path)
@@ -616,8 +586,8 @@ class ObjectBaselineStore(BaselineStore):
         raw = os.environ.get(STORE_OPTIONS_ENV)
         if raw:
             try:
-                more = json.loads(raw)
-            except json.JSONDecodeError as exc:
+                more = jsonio.loads(raw)
+            except jsonio.JSONDecodeError as exc:
                 raise StoreError(f"{STORE_OPTIONS_ENV} must be a JSON object of fsspec storage options: {exc}") from None
             if not isinstance(more, dict):
                 raise StoreError(f"{STORE_OPTIONS_ENV} must be a JSON object of fsspec storage options")
@@ -822,8 +792,8 @@ def parse_run(raw: bytes, path: StorePath, mtime_of: Callable[[], datetime]) -> 
         except (EOFError, OSError, zlib.error) as exc:
             raise BaselineCorrupt(f"{path}: corrupt baseline file: gzip data is truncated or damaged ({exc})") from None
     try:
-        doc = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        doc = jsonio.loads(raw)
+    except (UnicodeDecodeError, jsonio.JSONDecodeError) as exc:
         raise BaselineCorrupt(f"{path}: corrupt baseline file: not valid JSON ({exc})") from None
     if not isinstance(doc, dict):
         raise BaselineCorrupt(f"{path}: corrupt baseline file: expected a JSON object, got {type(doc).__name__}")
@@ -881,18 +851,3 @@ def _fsync_dir(directory: Path) -> None:
         pass
     finally:
         os.close(fd)
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, Path):
-        return str(value)
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        to_dict = getattr(value, "to_dict", None)
-        return to_dict() if callable(to_dict) else dataclasses.asdict(value)
-    raise TypeError(f"object of type {type(value).__name__} is not JSON serializable")

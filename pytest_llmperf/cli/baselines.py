@@ -8,16 +8,16 @@ nothing; the gate then learns only from the sessions saved after it, and says so
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from pytest_llmperf import jsonio
 from pytest_llmperf.baseline.samples import is_packed, unpack_samples
 from pytest_llmperf.baseline.sessions import MIN_SESSIONS
-from pytest_llmperf.baseline.store import DEFAULT_ROOT, BaselineStore, SavedRun, StoreError
+from pytest_llmperf.baseline.store import DEFAULT_ROOT, BaselineCorrupt, BaselineStore, SavedRun, StoreError
 from pytest_llmperf.cli.options import add_shared_argument, option_spec
 from pytest_llmperf.errors import pytest_flag
 
@@ -67,7 +67,7 @@ def baselines_main(argv: list[str]) -> int:
             if args.json:
                 doc = {"schema_version": saved.schema_version, "name": saved.name, "run_id": saved.run_id,
                        "saved_at": saved.saved_at.isoformat(), "path": str(saved.path), "run": saved.run}
-                print(json.dumps(doc, indent=2, default=str))
+                print(jsonio.dumps(doc, indent=2, lenient=True))
             else:
                 print(_format_show(saved))
         elif args.command == "rebase":
@@ -180,7 +180,7 @@ def _short(value: Any) -> str:
     if is_packed(value):
         try:
             arr = unpack_samples(value)
-        except ValueError as exc:
+        except BaselineCorrupt as exc:
             return f"<unreadable samples: {exc}>"
         finite = arr[np.isfinite(arr)]
         median = f", median {np.median(finite):.6g}" if finite.size else ""

@@ -220,7 +220,7 @@ def compare_runs(
             raise CompareError(f"{key}: bad fingerprint: {exc}") from None
         except SLOError as exc:
             raise CompareError(f"{key}: {exc}") from None
-        except (KeyError, TypeError, ValueError, IndexError) as exc:
+        except (KeyError, TypeError, ValueError, IndexError, BaselineCorrupt) as exc:
             raise CompareError(
                 f"{key}: malformed run entry in {baseline.path} or {candidate.path}: {type(exc).__name__}: {exc}"
             ) from None

@@ -15,13 +15,13 @@ shorter than that.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_llmperf import jsonio
 from pytest_llmperf.baseline.history import DEFAULT_HISTORY, load_history
 from pytest_llmperf.baseline.store import DEFAULT_ROOT, BaselineStore, StoreError
 from pytest_llmperf.cli.options import add_shared_argument
@@ -152,13 +152,13 @@ def history_main(argv: Sequence[str]) -> int:
         print(f"{PROG}: warning: {warning.message}", file=sys.stderr)
     if args.noise:
         report = noise_report(history)
-        print(json.dumps(report, indent=2) if args.json else _with_rebase(history, format_noise(report)))
+        print(jsonio.dumps(report, indent=2) if args.json else _with_rebase(history, format_noise(report)))
     elif args.json:
         doc = {"name": args.name, "sessions": len(history.runs),
                "rebased": history.rebased.to_dict() if history.rebased is not None else None,
                "series": [{"key": s.key, "stat": s.stat, "run_ids": s.run_ids, "values": s.values,
                            "change_points": s.change_points} for s in series]}
-        print(json.dumps(doc, indent=2))
+        print(jsonio.dumps(doc, indent=2))
     else:
         print(_with_rebase(history, f"{args.name}: {len(history.runs)} sessions, oldest first; "
                                     "'|' marks a change point"))

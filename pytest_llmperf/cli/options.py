@@ -26,7 +26,7 @@ from pytest_llmperf.defaults import (
     DEFAULT_STORE,
     DEFAULT_TOLERANCE,
 )
-from pytest_llmperf.errors import InputError
+from pytest_llmperf.errors import InputError, LLMPerfError
 
 if TYPE_CHECKING:
     import argparse
@@ -40,6 +40,10 @@ SERVER_CHOICES = ("sim", "vllm", "sglang", "tgi", "llamacpp", "ollama", "command
 
 class OptionError(InputError):
     """An option value that cannot be used; the message names the option and valid values."""
+
+
+class UnknownOption(LLMPerfError, KeyError):
+    """:func:`option_spec` asked for a name that is not in the table (a KeyError, as a lookup)."""
 
 
 @dataclass(frozen=True)
@@ -71,9 +75,9 @@ class OptionSpec:
         return self.name.replace("-", "_")
 
     def parse(self, raw: str) -> Any:
-        """A given value as the option's type; ``ValueError`` (what is wrong) when it is not one."""
+        """A given value as the option's type; an :class:`InputError` (a ValueError: what is wrong) when it is not one."""
         if self.choices is not None and raw not in self.choices:
-            raise ValueError(f"choose one of {', '.join(self.choices)}")
+            raise InputError(f"choose one of {', '.join(self.choices)}")
         return self.type(raw)
 
     @property
@@ -86,9 +90,9 @@ def _positive_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise ValueError("expected a number") from None
+        raise InputError("expected a number") from None
     if not value > 0:
-        raise ValueError("must be positive")
+        raise InputError("must be positive")
     return value
 
 
@@ -96,9 +100,9 @@ def _positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise ValueError("expected a positive integer") from None
+        raise InputError("expected a positive integer") from None
     if value < 1:
-        raise ValueError("must be a positive integer")
+        raise InputError("must be a positive integer")
     return value
 
 
@@ -106,9 +110,9 @@ def _fraction(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise ValueError("expected a number") from None
+        raise InputError("expected a number") from None
     if not 0 < value < 1:
-        raise ValueError("must be a fraction between 0 and 1, e.g. 0.05 for 5%")
+        raise InputError("must be a fraction between 0 and 1, e.g. 0.05 for 5%")
     return value
 
 
@@ -117,7 +121,7 @@ def _shell_words(text: str) -> list[str]:
     try:
         return shlex.split(text)
     except ValueError as exc:  # an unclosed quote
-        raise ValueError(f"cannot split into arguments: {exc}") from None
+        raise InputError(f"cannot split into arguments: {exc}") from None
 
 
 def _allow_list(text: str) -> tuple[str, ...]:
@@ -128,7 +132,7 @@ def _allow_list(text: str) -> tuple[str, ...]:
     valid = set(valid_fields())
     unknown = [n for n in names if n not in valid and not (n.startswith("extra.") and len(n) > 6)]
     if unknown:
-        raise ValueError(f"unknown fingerprint field(s) {', '.join(unknown)}; valid fields: "
+        raise InputError(f"unknown fingerprint field(s) {', '.join(unknown)}; valid fields: "
                          f"{', '.join(valid_fields())} (or extra.<key>)")
     return names
 
@@ -254,7 +258,7 @@ def option_spec(name: str) -> OptionSpec:
     for spec in OPTIONS:
         if spec.name == name:
             return spec
-    raise KeyError(name)
+    raise UnknownOption(name)
 
 
 def resolve(getoption: Callable[[str], Any], getini: Callable[[str], Any]) -> LLMPerfOptions:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pytest_llmperf import jsonio
 from pytest_llmperf.cli.options import OptionError, add_shared_argument, api_key_from_env, option_spec
 from pytest_llmperf.errors import InputError, cli_flag
 
@@ -124,6 +124,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         failed = not all(c.passed for c in checks)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(run_result_to_dict(result), indent=1))
+        with args.json.open("w", encoding="utf-8") as fh:
+            jsonio.dump(run_result_to_dict(result), fh, indent=1)
         print(f"result written to {args.json}")
     return 1 if failed else 0

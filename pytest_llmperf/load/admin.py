@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from pytest_llmperf.errors import LLMPerfError
+from pytest_llmperf.errors import InputError, LLMPerfError
 from pytest_llmperf.load.protocol import error_message, scrub
 from pytest_llmperf.load.sse import excerpt
 
@@ -77,7 +77,7 @@ class AdminClient:
         and remember the shape that worked.
         """
         if (text is None) == (messages is None):
-            raise ValueError("tokenize: give exactly one of text= or messages=")
+            raise InputError("tokenize: give exactly one of text= or messages=")
         url = f"{self.root_url}/tokenize"
         if messages is not None:
             shapes = ["messages"]

@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from pytest_llmperf.errors import InputError
+
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
@@ -33,7 +35,7 @@ if TYPE_CHECKING:
 def gaps(process: str, rate_rps: float, burstiness: float, rng: np.random.Generator, n: int) -> np.ndarray:
     """``n`` inter-arrival gaps in seconds."""
     if rate_rps <= 0:
-        raise ValueError(f"rate_rps must be positive, got {rate_rps}")
+        raise InputError(f"rate_rps must be positive, got {rate_rps}")
     mean = 1.0 / rate_rps
     if process == "poisson":
         return rng.exponential(mean, size=n)
@@ -41,7 +43,7 @@ def gaps(process: str, rate_rps: float, burstiness: float, rng: np.random.Genera
         return rng.gamma(burstiness, mean / burstiness, size=n)
     if process == "constant":
         return np.full(n, mean)
-    raise ValueError(f"unknown arrival process {process!r}; valid: poisson, gamma, constant")
+    raise InputError(f"unknown arrival process {process!r}; valid: poisson, gamma, constant")
 
 
 def arrival_times(

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from pytest_llmperf.errors import InputError
 from pytest_llmperf.load.admin import AdminClient, ClientError
 from pytest_llmperf.load.protocol import (
     APIS,
@@ -73,15 +74,15 @@ class StreamingClient:
         transport: StreamTransport | None = None,
     ) -> None:
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
-            raise ValueError(f"base_url must be an http:// or https:// URL, got {base_url!r}")
+            raise InputError(f"base_url must be an http:// or https:// URL, got {base_url!r}")
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
-            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+            raise InputError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
         if isinstance(max_connections, bool) or not isinstance(max_connections, int) or max_connections < 1:
-            raise ValueError(f"max_connections must be a positive integer, got {max_connections!r}")
+            raise InputError(f"max_connections must be a positive integer, got {max_connections!r}")
         if isinstance(origin_s, bool) or not isinstance(origin_s, (int, float)):
-            raise ValueError(f"origin_s must be a time.perf_counter() value, got {origin_s!r}")
+            raise InputError(f"origin_s must be a time.perf_counter() value, got {origin_s!r}")
         if api_key is not None and (not isinstance(api_key, str) or not api_key):
-            raise ValueError("api_key must be a non-empty string or None")
+            raise InputError("api_key must be a non-empty string or None")
         self.base_url = base_url.rstrip("/")
         self.root_url = self.base_url[:-3] if self.base_url.endswith("/v1") else self.base_url
         self.model = model

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
+from pytest_llmperf.errors import LLMPerfError
 from pytest_llmperf.load.arrivals import Pacer, arrival_times, ramped
 from pytest_llmperf.records import PHASE_MEASURE, PHASE_WARMUP, PreparedRequest, RequestRecord
 
@@ -50,6 +51,10 @@ SendFn = Callable[[Any, RequestRecord], Awaitable[RequestRecord]]
 MakeFn = Callable[[int, str], PreparedRequest]
 PrepareFn = Callable[[PreparedRequest], Any]
 T = TypeVar("T")
+
+
+class UvloopMissing(LLMPerfError, RuntimeError):
+    """uvloop was asked for (``use_uvloop=True``) and is not installed; the message says how to get it."""
 
 
 @dataclass(frozen=True)
@@ -494,6 +499,6 @@ def _loop_factory(use_uvloop: bool | None) -> Callable[[], asyncio.AbstractEvent
         import uvloop
     except ImportError:
         if use_uvloop:
-            raise RuntimeError("uvloop is not installed: pip install 'pytest-llmperf[fast]' (or uvloop)") from None
+            raise UvloopMissing("uvloop is not installed: pip install 'pytest-llmperf[fast]' (or uvloop)") from None
         return None
     return uvloop.new_event_loop

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from pytest_llmperf.errors import LLMPerfError
+from pytest_llmperf.errors import InputError, LLMPerfError
 from pytest_llmperf.load.sse import SSEEvent, SSEParser, SSEProtocolError, excerpt
 
 if TYPE_CHECKING:
@@ -103,7 +103,7 @@ def build_body(req: PreparedRequest, model: str | None) -> dict[str, Any]:
     elif req.api == "completions":
         body["prompt"] = req.prompt
     else:
-        raise ValueError(f"request {req.index}: api must be one of {', '.join(APIS)}, got {req.api!r}")
+        raise InputError(f"request {req.index}: api must be one of {', '.join(APIS)}, got {req.api!r}")
     body["max_tokens"] = req.max_tokens
     body["stream"] = True
     body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}

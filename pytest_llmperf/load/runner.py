@@ -108,7 +108,7 @@ class Runner:
         self.progress_interval_s = progress_interval_s
         # Load-generator processes per trial (None: the workload's own ``workers``); see workers.py.
         if workers is not None and not (isinstance(workers, int) and not isinstance(workers, bool) and workers >= 1):
-            raise ValueError(f"workers must be a positive integer, got {workers!r}")
+            raise InputError(f"workers must be a positive integer, got {workers!r}")
         self.workers = workers
         # Load from a Ray cluster (None: the workload's own ``ray_address``); see ray_load.py.
         if ray_address is not None:
@@ -131,7 +131,7 @@ class Runner:
         # NVML or a GPU the trial's ``gpu`` says why and nothing else changes.
         self.gpu_telemetry = gpu_telemetry
         if throttle not in THROTTLE_POLICIES:
-            raise ValueError(f"throttle must be one of {', '.join(THROTTLE_POLICIES)}, got {throttle!r}")
+            raise InputError(f"throttle must be one of {', '.join(THROTTLE_POLICIES)}, got {throttle!r}")
         # A trial whose GPU throttled for heat or power: "invalid" (not gated) or "warn".
         self.throttle = throttle
         self.gpu_interval_s = gpu_interval_s

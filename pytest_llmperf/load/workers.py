@@ -43,7 +43,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pytest_llmperf.errors import LLMPerfError
+from pytest_llmperf.errors import InputError, LLMPerfError
 from pytest_llmperf.load import columnar
 from pytest_llmperf.load.client import StreamingClient
 from pytest_llmperf.load.loadgen import LoadGenerator, LoadOutcome, OverloadGuard, Progress, run_sync
@@ -82,7 +82,7 @@ def worker_shares(workload: Workload, workers: int) -> list[Workload]:
     Closed loop: the concurrency, request count and warm-up count divided as evenly as possible;
     workers beyond the concurrency get nothing to do and are not started."""
     if not (isinstance(workers, int) and workers >= 1):
-        raise ValueError(f"workers must be a positive integer, got {workers!r}")
+        raise InputError(f"workers must be a positive integer, got {workers!r}")
     if workload.open_loop:
         return [workload] * workers
     assert workload.concurrency is not None

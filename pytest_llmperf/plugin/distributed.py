@@ -139,10 +139,10 @@ def _rename(item: pytest.Item, nodeid: str) -> bool:
 
 def node_payload(node: Any) -> dict[str, Any] | None:
     """What a finished worker measured (see ``LLMPerfSession.worker_payload``), or None."""
-    import json
+    from pytest_llmperf import jsonio
 
     raw = (getattr(node, "workeroutput", None) or {}).get(PAYLOAD_KEY)
-    return json.loads(raw) if raw else None
+    return jsonio.loads(raw) if raw else None
 
 
 __all__ = ["DIST_KEY", "GROUP", "LOST_KEY", "PAYLOAD_KEY", "WorkerPlugin", "choose_dist", "concurrency_error", "configure",

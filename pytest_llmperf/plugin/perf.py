@@ -26,7 +26,7 @@ from pytest_llmperf.results import at_launch, merge_runs
 from pytest_llmperf.servers.manager import answers
 from pytest_llmperf.servers.pair import CANDIDATE, REFERENCE
 from pytest_llmperf.stats import DEFAULT_TRIALS
-from pytest_llmperf.workload import Workload
+from pytest_llmperf.workload import NotAWorkload, Workload
 
 # Trials run before the gate's tentative look (see LLMPerf._adaptive).
 ADAPTIVE_FIRST = 3
@@ -75,7 +75,7 @@ class LLMPerf:
 
     def run(self, workload: Workload, *, trials: int | None = None) -> RunResult:
         if not isinstance(workload, Workload):
-            raise TypeError(f"llmperf.run expects a Workload, got {type(workload).__name__}")
+            raise NotAWorkload(f"llmperf.run expects a Workload, got {type(workload).__name__}")
         session = self._session
         opts = session.options
         pair = session.pair
@@ -267,7 +267,7 @@ class LLMPerf:
         from pytest_llmperf.load.loadgen import OverloadGuard
 
         if not isinstance(workload, Workload):
-            raise TypeError(f"llmperf.capacity expects a Workload, got {type(workload).__name__}")
+            raise NotAWorkload(f"llmperf.capacity expects a Workload, got {type(workload).__name__}")
         opts = self._session.options
         server = self.server
         step = (step_s if step_s is not None else workload.duration_s or 20.0) * opts.duration_scale

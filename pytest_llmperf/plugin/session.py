@@ -421,7 +421,7 @@ class LLMPerfSession:
         """What an xdist worker hands the controller at its end, as JSON: the saved entries (which
         the controller judges again, so verdicts and Holm are computed in one place), SLO checks,
         outcomes, the server and the summary's rows."""
-        import json
+        from pytest_llmperf import jsonio
 
         info = self.servers.info
         payload = {
@@ -434,7 +434,7 @@ class LLMPerfSession:
             "launch_times_s": list(self.servers.launch_times_s) if self.servers.launches else [],
             "summary": summary,  # plugin.summary.summary_lines(self), from the caller: the summary reads the session
         }
-        return json.dumps(payload, default=_plain_json)
+        return jsonio.dumps(payload)
 
     def absorb(self, payload: dict[str, Any]) -> None:
         """On the xdist controller: take a finished worker's measurements as if measured here."""
@@ -620,15 +620,6 @@ def _reference_config(options: LLMPerfOptions, api_key: str | None) -> ServerCon
 
 def selected_tests(items: list[pytest.Item]) -> set[str]:
     return {nodeid_of(item) for item in items}
-
-
-def _plain_json(value: Any) -> Any:
-    """numpy scalars and arrays, tuples of them: what json cannot write by itself."""
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    if hasattr(value, "to_dict"):
-        return value.to_dict()
-    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 class Terminated(KeyboardInterrupt):

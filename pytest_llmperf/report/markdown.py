@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pytest_llmperf.errors import InputError
 from pytest_llmperf.formatting import fmt_pct, fmt_tolerance, fmt_value
 from pytest_llmperf.report.document import against
 from pytest_llmperf.stats import Comparison, tolerance_bounds
@@ -234,7 +235,7 @@ def render_markdown(
     (None: no plot section); links are relative to ``base_dir`` (where the .md file lives).
     """
     if max_chars < 200:
-        raise ValueError(f"render_markdown: max_chars must be at least 200, got {max_chars}")
+        raise InputError(f"render_markdown: max_chars must be at least 200, got {max_chars}")
     strict = is_strict(doc)
     names = run_names(doc)
     runs = list(iter_runs(doc))

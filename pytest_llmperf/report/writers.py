@@ -8,19 +8,17 @@ uploads the directory never picks up half a file.
 
 from __future__ import annotations
 
-import json
-import math
-import numbers
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_llmperf import jsonio
 from pytest_llmperf.errors import LLMPerfError
 from pytest_llmperf.report.document import without_samples
 from pytest_llmperf.report.files import atomic_write_text
 
 if TYPE_CHECKING:
     import os
+    from collections.abc import Mapping
 
 JSON_NAME = "llmperf.json"
 JUNIT_NAME = "llmperf-junit.xml"
@@ -31,6 +29,10 @@ SCHEMA_NAME = "llmperf-report.schema.json"
 
 class ReportSchemaError(LLMPerfError, ValueError):
     """A report document that does not match the schema; the message lists each problem by path."""
+
+
+class StepSummaryError(LLMPerfError, OSError):
+    """The GitHub step summary file cannot be appended to; the message names it and why."""
 
 
 def write_reports(
@@ -63,39 +65,10 @@ def write_reports(
 
 
 def to_json(doc: Mapping[str, Any]) -> str:
-    """``doc`` without samples as strict JSON (no NaN/Infinity tokens, which most parsers reject)."""
-    return json.dumps(json_safe(without_samples(doc)), indent=1, allow_nan=False, ensure_ascii=False) + "\n"
-
-
-def json_safe(value: Any) -> Any:
-    """A copy of ``value`` that strict JSON can hold.
-
-    NaN becomes null and ±inf the strings "inf"/"-inf" (the convention of ``Comparison.to_dict``);
-    numpy scalars become Python numbers; tuples become lists; anything else unknown becomes its
-    ``str`` (a Path, an enum) rather than failing the whole report at the end of a long session.
-    """
-    if value is None or isinstance(value, (bool, str)):
-        return value
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    if isinstance(value, numbers.Real):
-        f = float(value)
-        if math.isnan(f):
-            return None
-        if math.isinf(f):
-            return "inf" if f > 0 else "-inf"
-        return f
-    if isinstance(value, Mapping):
-        return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    tolist = getattr(value, "tolist", None)
-    if callable(tolist):  # numpy arrays
-        return json_safe(tolist())
-    enum_value = getattr(value, "value", None)
-    if isinstance(enum_value, (str, int)):
-        return enum_value
-    return str(value)
+    """``doc`` without samples as strict JSON (:mod:`pytest_llmperf.jsonio`: NaN as null, ±inf as
+    "inf"/"-inf"; a value of an unknown type as its text rather than failing the whole report at
+    the end of a long session)."""
+    return jsonio.dumps(without_samples(doc), indent=1, lenient=True) + "\n"
 
 
 def append_step_summary(path: Path, markdown: str) -> None:
@@ -104,7 +77,7 @@ def append_step_summary(path: Path, markdown: str) -> None:
         with open(path, "a", encoding="utf-8") as fh:
             fh.write(markdown if markdown.endswith("\n") else markdown + "\n")
     except OSError as exc:
-        raise OSError(f"cannot append to GITHUB_STEP_SUMMARY file {path}: {exc.strerror or exc}") from exc
+        raise StepSummaryError(f"cannot append to GITHUB_STEP_SUMMARY file {path}: {exc.strerror or exc}") from exc
 
 
 def schema_path() -> Path:
@@ -113,7 +86,7 @@ def schema_path() -> Path:
 
 
 def load_schema() -> dict[str, Any]:
-    return json.loads(schema_path().read_text(encoding="utf-8"))
+    return jsonio.loads(schema_path().read_text(encoding="utf-8"))
 
 
 def validate(doc: Mapping[str, Any]) -> None:
@@ -128,8 +101,8 @@ def validate(doc: Mapping[str, Any]) -> None:
         raise ImportError(
             "validating a report needs jsonschema: pip install 'pytest-llmperf[dev]' (or jsonschema)"
         ) from exc
-    # Validate what a reader of the file sees: tuples as lists, NaN as null.
-    instance = json.loads(json.dumps(json_safe(doc), allow_nan=False))
+    # Validate what a reader of the file sees: tuples as lists, NaN as null, infinities spelled.
+    instance = jsonio.loads(jsonio.dumps(doc, lenient=True))
     validator = jsonschema.Draft202012Validator(load_schema())
     errors = sorted(validator.iter_errors(instance), key=lambda e: list(e.absolute_path))
     if errors:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from pytest_llmperf.errors import LLMPerfError
+from pytest_llmperf.errors import InputError, LLMPerfError
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
@@ -154,6 +154,10 @@ def _group_has_live_members(pgid: int) -> bool:
     return False
 
 
+class AlreadyStarted(LLMPerfError, RuntimeError):
+    """:meth:`ServerProcess.start` called on a process that was started (or stopped) before."""
+
+
 class ServerProcess:
     """One server subprocess in its own process group, with readiness polling and teardown.
 
@@ -176,11 +180,11 @@ class ServerProcess:
         hint: str | None = None,
     ) -> None:
         if not command:
-            raise ValueError("ServerProcess: command is empty; give the program and its arguments")
+            raise InputError("ServerProcess: command is empty; give the program and its arguments")
         if startup_timeout_s <= 0:
-            raise ValueError(f"ServerProcess: startup_timeout_s must be > 0, got {startup_timeout_s}")
+            raise InputError(f"ServerProcess: startup_timeout_s must be > 0, got {startup_timeout_s}")
         if grace_s < 0:
-            raise ValueError(f"ServerProcess: grace_s must be >= 0, got {grace_s}")
+            raise InputError(f"ServerProcess: grace_s must be >= 0, got {grace_s}")
         self.command = [str(arg) for arg in command]
         self.health_url = health_url
         self.models_url = models_url
@@ -253,7 +257,7 @@ class ServerProcess:
         (KeyboardInterrupt included) kills the process group before propagating."""
         with self._lock:
             if self._proc is not None or self._stopped:
-                raise RuntimeError(f"ServerProcess already started: {self.display_command}")
+                raise AlreadyStarted(f"ServerProcess already started: {self.display_command}")
             self._launch()
         try:
             self._wait_ready()

@@ -13,6 +13,7 @@ from starlette.routing import Route
 
 from pytest_llmperf._version import __version__
 from pytest_llmperf.sim.config import SimConfig
+from pytest_llmperf.sim.engine import EngineClosed
 from pytest_llmperf.sim.exposition import METRICS_CONTENT_TYPE
 from pytest_llmperf.sim.kvcache import block_hashes
 from pytest_llmperf.sim.protocol import (
@@ -191,6 +192,6 @@ async def _generate(state: SimState, request: Request, api: str) -> Any:
     seq = Sequence(rid, prompt_len, hashes, plan.target_len, plan.finish_reason)
     try:
         state.engine.submit(seq)
-    except RuntimeError:
+    except EngineClosed:
         return error_response(503, "the simulator is shutting down")
     return Generation(state, req, seq, plan, drop_after)

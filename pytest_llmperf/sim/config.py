@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from pytest_llmperf.errors import InputError
 from pytest_llmperf.sim.noise import SpeedNoise
 from pytest_llmperf.sim.perfmodel import PerfModel
 from pytest_llmperf.sim.presets import PRESET_NAMES, Preset, get_preset
@@ -52,37 +53,37 @@ class SimConfig:
 
     def __post_init__(self) -> None:
         if self.preset not in PRESET_NAMES:
-            raise ValueError(f"preset: unknown {self.preset!r}; valid presets: {', '.join(PRESET_NAMES)}")
+            raise InputError(f"preset: unknown {self.preset!r}; valid presets: {', '.join(PRESET_NAMES)}")
         if self.model_name is not None and (not isinstance(self.model_name, str) or not self.model_name):
-            raise ValueError(f"model_name must be a non-empty string, got {self.model_name!r}")
+            raise InputError(f"model_name must be a non-empty string, got {self.model_name!r}")
         for name in ("slowdown", "time_scale"):
             value = getattr(self, name)
             if not _is_real(value) or value <= 0:
-                raise ValueError(f"{name} must be a positive number, got {value!r}")
+                raise InputError(f"{name} must be a positive number, got {value!r}")
         for name in ("launch_jitter", "step_jitter"):
             value = getattr(self, name)
             if not _is_real(value) or not 0.0 <= value < 1.0:
-                raise ValueError(f"{name} must be a coefficient of variation in [0, 1), e.g. 0.03, got {value!r}")
+                raise InputError(f"{name} must be a coefficient of variation in [0, 1), e.g. 0.03, got {value!r}")
         if self.noise_seed is not None and not _is_int(self.noise_seed):
-            raise ValueError(f"noise_seed must be an integer or None, got {self.noise_seed!r}")
+            raise InputError(f"noise_seed must be an integer or None, got {self.noise_seed!r}")
         for name in ("error_rate", "drop_rate", "stall_prob"):
             value = getattr(self, name)
             if not _is_real(value) or not 0.0 <= value <= 1.0:
-                raise ValueError(f"{name} must be a probability between 0 and 1, got {value!r}")
+                raise InputError(f"{name} must be a probability between 0 and 1, got {value!r}")
         if not _is_real(self.stall_s) or self.stall_s < 0:
-            raise ValueError(f"stall_s must be a non-negative number of seconds, got {self.stall_s!r}")
+            raise InputError(f"stall_s must be a non-negative number of seconds, got {self.stall_s!r}")
         if not _is_int(self.seed):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+            raise InputError(f"seed must be an integer, got {self.seed!r}")
         if not _is_int(self.reasoning_tokens) or self.reasoning_tokens < 0:
-            raise ValueError(f"reasoning_tokens must be a non-negative integer, got {self.reasoning_tokens!r}")
+            raise InputError(f"reasoning_tokens must be a non-negative integer, got {self.reasoning_tokens!r}")
         for name in ("tokens_per_chunk", "natural_median_tokens"):
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+                raise InputError(f"{name} must be a positive integer, got {value!r}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "num_gpu_blocks"):
             value = getattr(self, name)
             if value is not None and (not _is_int(value) or value < 1):
-                raise ValueError(f"{name} must be a positive integer (or None for the preset's), got {value!r}")
+                raise InputError(f"{name} must be a positive integer (or None for the preset's), got {value!r}")
 
     @property
     def preset_spec(self) -> Preset:

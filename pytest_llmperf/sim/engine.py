@@ -13,6 +13,7 @@ from collections.abc import Callable
 from time import perf_counter
 from typing import TYPE_CHECKING
 
+from pytest_llmperf.errors import LLMPerfError
 from pytest_llmperf.sim.scheduler import SchedulerCore, Sequence
 
 if TYPE_CHECKING:
@@ -22,6 +23,10 @@ if TYPE_CHECKING:
 RESYNC_AFTER_S = 0.05
 
 SeqCallback = Callable[[list[Sequence]], None]
+
+
+class EngineClosed(LLMPerfError, RuntimeError):
+    """A sequence was submitted after the engine shut down (the simulator answers 503)."""
 
 
 class Engine:
@@ -49,7 +54,7 @@ class Engine:
     def submit(self, seq: Sequence) -> None:
         """Queue a sequence (``arrival_s`` is stamped now) and make sure the driver runs."""
         if self._closed:
-            raise RuntimeError("engine is shut down")
+            raise EngineClosed("engine is shut down")
         seq.arrival_s = perf_counter()
         self.core.add(seq)
         self._ensure_started()

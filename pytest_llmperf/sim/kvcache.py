@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
+from pytest_llmperf.errors import InputError
+
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
@@ -34,7 +36,7 @@ class BlockPool:
 
     def __init__(self, num_blocks: int) -> None:
         if num_blocks <= 0:
-            raise ValueError(f"num_blocks must be positive, got {num_blocks}")
+            raise InputError(f"num_blocks must be positive, got {num_blocks}")
         self.num_blocks = num_blocks
         self.anon_used = 0
         self._refcount: dict[int, int] = {}

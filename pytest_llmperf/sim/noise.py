@@ -20,6 +20,8 @@ from __future__ import annotations
 import math
 import random
 
+from pytest_llmperf.errors import InputError
+
 
 def lognormal_sigma(cv: float) -> float:
     return math.sqrt(math.log1p(cv * cv))
@@ -31,7 +33,7 @@ class SpeedNoise:
     def __init__(self, launch_cv: float = 0.0, step_cv: float = 0.0, seed: int | None = None) -> None:
         for name, value in (("launch_cv", launch_cv), ("step_cv", step_cv)):
             if not (isinstance(value, (int, float)) and 0.0 <= value < 1.0):
-                raise ValueError(f"{name} must be a coefficient of variation in [0, 1), got {value!r}")
+                raise InputError(f"{name} must be a coefficient of variation in [0, 1), got {value!r}")
         self._rng = random.Random(seed)
         self._step_sigma = lognormal_sigma(step_cv)
         sigma = lognormal_sigma(launch_cv)

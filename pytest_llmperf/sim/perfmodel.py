@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pytest_llmperf.errors import InputError
 from pytest_llmperf.sim.presets import GIB, Preset
 
 
@@ -59,9 +60,9 @@ class PerfModel:
         num_gpu_blocks: int | None = None,
     ) -> None:
         if not slowdown > 0:
-            raise ValueError(f"slowdown must be positive, got {slowdown!r}")
+            raise InputError(f"slowdown must be positive, got {slowdown!r}")
         if not time_scale > 0:
-            raise ValueError(f"time_scale must be positive, got {time_scale!r}")
+            raise InputError(f"time_scale must be positive, got {time_scale!r}")
         self.preset = preset
         self.slowdown = float(slowdown)
         self.time_scale = float(time_scale)
@@ -74,7 +75,7 @@ class PerfModel:
         self.kv_bytes_per_token = model.kv_bytes_per_token
         self.num_gpu_blocks = int(num_gpu_blocks) if num_gpu_blocks else self._profiled_blocks()
         if self.num_gpu_blocks <= 0:
-            raise ValueError(
+            raise InputError(
                 f"preset {preset.name!r}: the weights leave no GPU memory for the KV cache"
             )
         # vLLM refuses to start when one max-length sequence would not fit in the KV cache; users
@@ -89,7 +90,7 @@ class PerfModel:
         self._overhead_s = eng.step_overhead_s
         if tp > 1:
             if gpu.link_gbps <= 0:
-                raise ValueError(f"preset {preset.name!r}: tensor parallel needs gpu.link_gbps")
+                raise InputError(f"preset {preset.name!r}: tensor parallel needs gpu.link_gbps")
             allreduces = 2 * model.num_layers  # one after attention, one after the MLP
             self._comm_fixed_s = allreduces * eng.allreduce_latency_s
             ring_factor = 2.0 * (tp - 1) / tp
@@ -155,7 +156,7 @@ class PerfModel:
         out of the last chunk's step); every further token is one decode step.
         """
         if input_tokens < 1 or output_tokens < 1:
-            raise ValueError("input_tokens and output_tokens must be at least 1")
+            raise InputError("input_tokens and output_tokens must be at least 1")
         done = min(cached_tokens, input_tokens - 1)
         ttft = 0.0
         while done < input_tokens:

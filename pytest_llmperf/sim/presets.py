@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
+from pytest_llmperf.errors import InputError
+
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
@@ -218,4 +220,4 @@ def get_preset(name: str) -> Preset:
     try:
         return PRESETS[name]
     except KeyError:
-        raise ValueError(f"unknown simulator preset {name!r}; valid presets: {', '.join(PRESET_NAMES)}") from None
+        raise InputError(f"unknown simulator preset {name!r}; valid presets: {', '.join(PRESET_NAMES)}") from None

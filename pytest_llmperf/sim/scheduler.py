@@ -23,12 +23,18 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from pytest_llmperf.errors import InputError, LLMPerfError
 from pytest_llmperf.sim.kvcache import BlockPool
 
 if TYPE_CHECKING:
     from pytest_llmperf.sim.perfmodel import PerfModel
 
 WAITING, RUNNING, FINISHED = 0, 1, 2
+
+
+class SimulationStalled(LLMPerfError, RuntimeError):
+    """The simulated engine cannot make progress (a KV cache too small for one request, a preset
+    with no step cost); the message says which."""
 
 
 class Sequence:
@@ -57,7 +63,7 @@ class Sequence:
         arrival_s: float = 0.0,
     ) -> None:
         if prompt_len < 1 or target_len < 1:
-            raise ValueError("a sequence needs at least one prompt token and one output token")
+            raise InputError("a sequence needs at least one prompt token and one output token")
         self.request_id = request_id
         self.prompt_len = prompt_len
         self.block_hashes = block_hashes
@@ -122,7 +128,7 @@ class SchedulerCore:
         if seq.prompt_len + seq.target_len > self.perf.max_model_len:
             # Callers validate against max_model_len; a sequence that can never fit the KV cache
             # would otherwise block the queue forever.
-            raise ValueError(
+            raise InputError(
                 f"sequence of {seq.prompt_len}+{seq.target_len} tokens exceeds max_model_len "
                 f"{self.perf.max_model_len}"
             )
@@ -343,7 +349,7 @@ def replay(perf: PerfModel, requests: list[tuple[float, int, int]]) -> list[Repl
         plan = core.schedule() if core.has_work else None
         if plan is None:
             if k >= len(order):
-                raise RuntimeError("scheduler stalled with work queued (KV cache too small?)")
+                raise SimulationStalled("scheduler stalled with work queued (KV cache too small?)")
             t = requests[order[k]][0]  # idle: the next arrival wakes the engine
             continue
         t += plan.cost_s * scale
@@ -358,9 +364,9 @@ def replay(perf: PerfModel, requests: list[tuple[float, int, int]]) -> list[Repl
 def steady_state_throughput_rps(perf: PerfModel, input_tokens: int, output_tokens: int) -> float:
     """Completions per *model* second with an endless backlog of identical cold requests."""
     if input_tokens < 1 or output_tokens < 1:
-        raise ValueError("input_tokens and output_tokens must be at least 1")
+        raise InputError("input_tokens and output_tokens must be at least 1")
     if input_tokens + output_tokens > perf.max_model_len:
-        raise ValueError(
+        raise InputError(
             f"{input_tokens}+{output_tokens} tokens exceed max_model_len {perf.max_model_len}"
         )
     core = SchedulerCore(perf)
@@ -384,13 +390,13 @@ def steady_state_throughput_rps(perf: PerfModel, input_tokens: int, output_token
             core.add(Sequence(f"dry-{next(ids)}", input_tokens, hashes, output_tokens))
         plan = core.schedule()
         if plan is None:
-            raise RuntimeError("scheduler stalled with work queued (KV cache too small?)")
+            raise SimulationStalled("scheduler stalled with work queued (KV cache too small?)")
         t += plan.cost_s
         _, done = core.complete(plan, t)
         completion_times.extend(t for _ in done)
     elapsed = completion_times[warmup + measure] - completion_times[warmup]
     if elapsed <= 0:
-        raise RuntimeError("zero elapsed model time; the preset has no step cost")
+        raise SimulationStalled("zero elapsed model time; the preset has no step cost")
     return measure / elapsed
 
 

@@ -33,8 +33,16 @@ if TYPE_CHECKING:
 GRACEFUL_SHUTDOWN_S = 1
 
 
-class PortInUseError(LLMPerfError, OSError):
+class ListenError(LLMPerfError, OSError):
+    """The simulator cannot listen on the host and port asked for; the message says which and why."""
+
+
+class PortInUseError(ListenError):
     """The requested port is taken; the message says which."""
+
+
+class SimStartError(LLMPerfError, RuntimeError):
+    """The simulator's server did not come up; the message names the URL and the cause."""
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -59,7 +67,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
         sock.close()
         if exc.errno == errno.EADDRINUSE:
             raise PortInUseError(errno.EADDRINUSE, f"port {port} on {host} is already in use") from None
-        raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror}") from None
+        raise ListenError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror}") from None
     sock.listen(4096)
     return sock
 
@@ -202,7 +210,7 @@ def start_in_thread(
         server.should_exit = True
         thread.join(5.0)
         cause = failure[0] if failure else None
-        raise RuntimeError(f"simulator did not start on {format_url(host, bound_port)}: {cause!r}") from cause
+        raise SimStartError(f"simulator did not start on {format_url(host, bound_port)}: {cause!r}") from cause
     return SimHandle(config=config, app=app, host=host, port=bound_port, _server=server, _thread=thread)
 
 

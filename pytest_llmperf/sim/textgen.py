@@ -12,6 +12,7 @@ import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from pytest_llmperf.errors import InputError
 from pytest_llmperf.sim.tokenizer import VOCAB_WORDS, word_piece
 
 if TYPE_CHECKING:
@@ -73,7 +74,7 @@ def plan_output(
     A stop string, checked once ``min_tokens`` tokens exist (vLLM's rule), ends it earlier.
     """
     if max_tokens < 1:
-        raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
+        raise InputError(f"max_tokens must be at least 1, got {max_tokens}")
     offset = rng.randrange(_TABLE_SIZE)
     answer = max(1, round(rng.lognormvariate(math.log(natural_median_tokens), NATURAL_LENGTH_SIGMA)))
     if ignore_eos:

@@ -22,6 +22,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from pytest_llmperf.errors import InputError
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
     from types import ModuleType
@@ -349,7 +351,7 @@ class GpuSampler:
         environ: Mapping[str, str] | None = None,
     ) -> None:
         if not interval_s > 0:
-            raise ValueError(f"GPU telemetry interval_s must be > 0, got {interval_s!r}")
+            raise InputError(f"GPU telemetry interval_s must be > 0, got {interval_s!r}")
         self.interval_s = interval_s
         self.device_indices = None if device_indices is None else list(device_indices)
         self.environ = environ
@@ -383,7 +385,7 @@ class GpuSampler:
             else:
                 bad = [i for i in self.device_indices if not 0 <= i < count]
                 if bad:
-                    raise ValueError(
+                    raise InputError(
                         f"GPU device indices {bad} out of range; NVML sees {count} device(s)"
                     )
                 chosen = [listed[i] for i in self.device_indices]

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
+from pytest_llmperf.errors import InputError
 from pytest_llmperf.telemetry.prometheus import COUNTERS, GAUGES, Snapshot, TelemetryError, parse_exposition
 
 if TYPE_CHECKING:
@@ -34,7 +35,7 @@ def metrics_url(url: str) -> str:
     """
     parts = urlsplit(url)
     if not parts.scheme or not parts.netloc:
-        raise ValueError(f"telemetry URL {url!r} is not absolute (expected http://host:port[/v1])")
+        raise InputError(f"telemetry URL {url!r} is not absolute (expected http://host:port[/v1])")
     path = parts.path.rstrip("/")
     if path.endswith("metrics"):
         return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
@@ -302,9 +303,9 @@ class TelemetrySampler:
         origin_s: float | None = None,
     ) -> None:
         if not interval_s > 0:
-            raise ValueError(f"telemetry interval_s must be > 0, got {interval_s!r}")
+            raise InputError(f"telemetry interval_s must be > 0, got {interval_s!r}")
         if not timeout_s > 0:
-            raise ValueError(f"telemetry timeout_s must be > 0, got {timeout_s!r}")
+            raise InputError(f"telemetry timeout_s must be > 0, got {timeout_s!r}")
         if isinstance(client_or_url, str):
             self._url = metrics_url(url or client_or_url)
             self._client: httpx.AsyncClient | None = None

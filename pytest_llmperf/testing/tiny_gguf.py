@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pytest_llmperf.errors import InputError
+from pytest_llmperf.errors import InputError, LLMPerfError
 from pytest_llmperf.load.prompts import COMMON_WORDS
 
 if TYPE_CHECKING:
@@ -55,6 +55,10 @@ _OUTPUT_STD = 0.5
 
 class TinyModelError(InputError):
     """Arguments that cannot make a model; the message names the argument."""
+
+
+class GgufMismatch(LLMPerfError, RuntimeError):
+    """The installed gguf package names the llama tensors differently from this module."""
 
 
 @dataclass(frozen=True)
@@ -255,7 +259,7 @@ def _check_tensor_names(gguf: Any, names: Sequence[str], n_layer: int) -> None:
         known.update(template.format(bid=i) + ".weight" for i in range(n_layer))
     unknown = [n for n in names if n not in known]
     if unknown:
-        raise RuntimeError(f"gguf {getattr(gguf, '__version__', '?')} does not name llama tensors {unknown}")
+        raise GgufMismatch(f"gguf {getattr(gguf, '__version__', '?')} does not name llama tensors {unknown}")
 
 
 def build_tiny_llama_gguf(

@@ -72,10 +72,6 @@ class ConversationSpec:
             raise ConversationError(f"conversation.think must be one of {', '.join(THINK)}, got {data['think']!r}")
         return cls(**data)
 
-    @property
-    def max_turns(self) -> int:
-        return self.turns if isinstance(self.turns, int) else self.turns[1]
-
     def draw_turns(self, rng: np.random.Generator) -> int:
         """Turns of one session: fixed, or uniform over [min, max]."""
         if isinstance(self.turns, int):

@@ -12,11 +12,11 @@ remaining blocks get fresh ids, so the expected share of prompt blocks that repe
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import numpy as np
 
+from pytest_llmperf import jsonio
 from pytest_llmperf.traffic.traces import MOONCAKE_BLOCK_TOKENS
 
 
@@ -44,8 +44,8 @@ def write_mooncake(path: str | Path, *, requests: int = 200, rate_rps: float = 5
             shared = list(range(p * prefix_blocks, (p + 1) * prefix_blocks)) if num_prefixes else []
             fresh = list(range(next_id, next_id + blocks - len(shared)))
             next_id += len(fresh)
-            fh.write(json.dumps({"timestamp": int(round(t * 1000)), "input_length": int(inp),
-                                 "output_length": int(out), "hash_ids": shared + fresh}) + "\n")
+            jsonio.dump({"timestamp": int(round(t * 1000)), "input_length": int(inp),
+                         "output_length": int(out), "hash_ids": shared + fresh}, fh)
     return path
 
 
