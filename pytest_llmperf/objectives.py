@@ -28,6 +28,8 @@ LATENCY_KEYS = tuple(f"{m}_{s}" for m in METRICS for s in STATS)
 # Thresholds at these stats are also per-request limits (goodput); p50 and mean are not.
 PER_REQUEST_STATS = ("p90", "p95", "p99", "max")
 RATE_KEYS = ("error_rate", "goodput_min_rps", "attainment_min")
+# Keys whose limit is a floor (the measured value must reach it); every other key is a ceiling.
+FLOOR_KEYS = ("goodput_min_rps", "attainment_min")
 OPTION_KEYS = ("tolerance", "trials", "request_type")
 VALID_KEYS = LATENCY_KEYS + RATE_KEYS + OPTION_KEYS
 
@@ -70,6 +72,26 @@ class SLOCheck:
             "measured": self.measured, "sample_size": self.sample_size, "passed": self.passed,
             "unit": self.unit, "message": self.message, "not_measured": self.not_measured,
         }
+
+    @property
+    def floor(self) -> bool:
+        """Whether the limit is a floor (goodput, attainment: measured >= limit passes) rather
+        than a ceiling (latencies, error rate: measured <= limit passes)."""
+        return self.key in FLOOR_KEYS
+
+    def value_in(self, summary: Summary) -> float | None:
+        """The statistic this check measured, read from another summary (a baseline's): None
+        when that summary has no value for it. Reads the summary as a whole, as :func:`check`
+        does without records (no per-type narrowing, no failures as +inf)."""
+        if self.metric == "error_rate":
+            return summary.error_rate
+        if self.metric == "goodput":
+            return summary.goodput_rps
+        if self.metric == "attainment":
+            return summary.attainment
+        if self.metric not in METRICS or self.stat not in STATS:
+            return None
+        return summary.distribution(self.metric).stat(self.stat)
 
 
 @dataclass(frozen=True)
@@ -228,26 +250,26 @@ def check(summary: Summary, slo: SLO, records: Sequence[RequestRecord] | None = 
         detail = f"n={n}, {failed} failed counted as +inf" if failed else None
         out.append(_make_check(
             threshold.key, threshold.metric, threshold.stat, threshold.limit_s, measured, n,
-            "s", upper=True, label=label, fmt=_seconds_formatter(threshold.limit_s), detail=detail,
+            "s", label=label, fmt=_seconds_formatter(threshold.limit_s), detail=detail,
         ))
     n = target.requests
     if slo.error_rate is not None:
         out.append(_make_check(
             "error_rate", "error_rate", "max", slo.error_rate, target.error_rate if n else None, n,
-            "fraction", upper=True, label=label, fmt=_percent,
+            "fraction", label=label, fmt=_percent,
             detail=f"{target.failed} failed of {n}",
         ))
     if slo.goodput_min_rps is not None:
         out.append(_make_check(
             "goodput_min_rps", "goodput", "min", slo.goodput_min_rps,
-            target.goodput_rps if n else None, n, "rps", upper=False, label=label,
+            target.goodput_rps if n else None, n, "rps", label=label,
             fmt=lambda v, d: f"{v:.{d}f} rps",
             detail=f"{target.good_requests} good in {target.window_s:.1f} s",
         ))
     if slo.attainment_min is not None:
         out.append(_make_check(
             "attainment_min", "attainment", "min", slo.attainment_min,
-            target.attainment if n else None, n, "fraction", upper=False, label=label, fmt=_percent,
+            target.attainment if n else None, n, "fraction", label=label, fmt=_percent,
             detail=f"{target.good_requests} good of {n}",
         ))
     return out
@@ -283,9 +305,10 @@ def _target(summary: Summary, slo: SLO) -> Summary:
 
 def _make_check(
     key: str, metric: str, stat: str, limit: float, measured: float | None, n: int, unit: str,
-    *, upper: bool, label: str, fmt: Any, detail: str | None = None,
+    *, label: str, fmt: Any, detail: str | None = None,
 ) -> SLOCheck:
     name = f"{key}{label}"
+    upper = key not in FLOOR_KEYS
     if measured is None:
         what = "no samples to measure" if unit == "s" else "no measured requests"
         message = f"{name}: {what} (n={n}), limit {fmt(limit, 2)}: counted as a failure"

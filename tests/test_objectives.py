@@ -166,6 +166,21 @@ def test_check_reports_pass_and_fail_with_readable_messages():
     assert results["attainment_min"].message == "attainment_min: 95.24% >= min 90.00% (40 good of 42)"
 
 
+def test_a_check_says_whether_its_limit_is_a_floor_and_reads_its_statistic_from_another_summary():
+    records = _run([0.1 * (i % 10 + 1) for i in range(40)], failed=2)
+    summary = summarize(records, window_s=(0.0, 40.0))
+    slo = SLO.parse({"ttft_p95": 0.8, "error_rate": 0.01, "goodput_min_rps": 0.5, "attainment_min": 0.9})
+    results = {c.key: c for c in check(summary, slo)}
+    assert {k: c.floor for k, c in results.items()} == {
+        "ttft_p95": False, "error_rate": False, "goodput_min_rps": True, "attainment_min": True}
+    other = summarize(_run([0.2] * 10), window_s=(0.0, 10.0))
+    assert results["ttft_p95"].value_in(other) == pytest.approx(0.2)
+    assert results["error_rate"].value_in(other) == 0.0
+    assert results["goodput_min_rps"].value_in(other) == other.goodput_rps
+    assert results["attainment_min"].value_in(other) == other.attainment
+    assert results["ttft_p95"].value_in(summarize([])) is None  # no samples: no value
+
+
 def test_check_goodput_and_attainment_use_the_slo_as_per_request_rule():
     records = _run([0.1, 0.2, 0.9, 1.2] * 10)
     slo = SLO.parse({"ttft_p90": 0.5, "attainment_min": 0.6, "goodput_min_rps": 0.5})

@@ -15,8 +15,10 @@ def pytest_llmperf_fingerprint_extra(config, server):
     return {"engine_build": config.getoption("--build-id")}
 
 def pytest_llmperf_report(config, document):
+    # The typed report model; to_json_dict() is its plain JSON form (llmperf.json plus samples).
+    assert document.to_json_dict()["tests"][0]["nodeid"] == document.tests[0].nodeid
     with open("received.json", "w") as fh:
-        json.dump({"tests": [t["nodeid"] for t in document["tests"]]}, fh)
+        json.dump({"tests": [t.nodeid for t in document.tests]}, fh)
 
 def pytest_addoption(parser):
     parser.addoption("--build-id", default="abc123")

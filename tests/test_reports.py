@@ -15,6 +15,7 @@ from pytest_llmperf.metrics import Distribution, Summary, Validity
 from pytest_llmperf.objectives import SLO, check
 from pytest_llmperf.report import markdown as md
 from pytest_llmperf.report.document import build_document
+from pytest_llmperf.report.model import ReportDocument, ServerReport
 from pytest_llmperf.report.plots import find_sweeps, safe_stem
 from pytest_llmperf.report.writers import (
     ReportSchemaError,
@@ -23,7 +24,7 @@ from pytest_llmperf.report.writers import (
     validate,
     write_reports,
 )
-from pytest_llmperf.stats import Verdict, compare_trials
+from pytest_llmperf.stats import Comparison, Verdict, compare_trials
 
 CHAT = "perf/test_serving.py::test_short_chat"
 SWEEP = "perf/test_serving.py::test_sweep"
@@ -129,11 +130,11 @@ def build(with_baseline=True):
     outcomes = {f"{CHAT}[cold]": "failed", f"{CHAT}[warm]": "passed", SWEEP: "failed"}
     if not with_baseline:
         return build_document(entries, slo_checks=checks, outcomes=outcomes,
-                              server={"preset": "sim", "version": "0.1.0", "model": "m"})
+                              server=ServerReport(preset="sim", version="0.1.0", model="m"))
     return build_document(entries, baseline=baseline, comparisons=comparisons, slo_checks=checks,
                           gate_errors=gate_errors, outcomes=outcomes, baseline_name="main",
                           baseline_source=".llmperf/baselines/main/x.json.gz",
-                          server={"preset": "sim", "version": "0.1.0", "model": "m"})
+                          server=ServerReport(preset="sim", version="0.1.0", model="m"))
 
 
 @pytest.fixture
@@ -146,7 +147,7 @@ def no_plots(monkeypatch):
 def doc():
     d = build()
     # Preconditions: the hand-made comparisons produce the verdicts the tests below count on.
-    assert d["counts"] == {"regressed": 1, "improved": 2, "unchanged": 3, "inconclusive": 1, "not_gated": 3}
+    assert d.counts == {"regressed": 1, "improved": 2, "unchanged": 3, "inconclusive": 1, "not_gated": 3}
     return d
 
 
@@ -197,7 +198,7 @@ def test_nan_in_the_document_becomes_null(tmp_path, doc, no_plots):
     d = json.loads(to_json(doc))
     d["tests"][0]["runs"][0]["summary"]["ttft_s"]["p99"] = float("nan")
     d["tests"][0]["runs"][0]["summary"]["goodput_rps"] = np.float64(3.5)
-    write_reports(d, tmp_path)
+    write_reports(ReportDocument.from_json_dict(d), tmp_path)
     data = json.loads((tmp_path / "llmperf.json").read_text())
     assert data["tests"][0]["runs"][0]["summary"]["ttft_s"]["p99"] is None
     assert data["tests"][0]["runs"][0]["summary"]["goodput_rps"] == 3.5
@@ -238,7 +239,7 @@ def test_junit_has_one_case_per_statistic_and_threshold(written):
 
 
 def test_junit_strict_fails_inconclusive(tmp_path, doc, no_plots):
-    strict = dict(doc, strict=True)
+    strict = dataclasses.replace(doc, strict=True)
     write_reports(strict, tmp_path)
     root = ET.parse(tmp_path / "llmperf-junit.xml").getroot()
     assert int(root.get("failures")) == 4
@@ -291,14 +292,15 @@ def test_markdown_without_baseline_counts_slos(tmp_path):
 
 
 def test_markdown_is_capped_for_a_pull_request_comment(doc):
+    data = json.loads(to_json(doc))
     tests = []
     for i in range(300):
-        t = json.loads(json.dumps(doc["tests"][1]))
+        t = json.loads(json.dumps(data["tests"][1]))
         t["nodeid"] = t["name"] = f"perf/test_x.py::test_long_name_{i}[" + "p" * 120 + "]"
         t["runs"][0]["key"] = t["nodeid"] + "#0"
         tests.append(t)
-    tests.append(doc["tests"][0])  # the one with a regression comes last in the document
-    big = dict(doc, tests=tests)
+    tests.append(data["tests"][0])  # the one with a regression comes last in the document
+    big = ReportDocument.from_json_dict(dict(data, tests=tests))
     text = md.render_markdown(big)
     assert len(text) <= md.GITHUB_COMMENT_LIMIT
     assert len(md.render_markdown(big, max_chars=10**7)) > md.GITHUB_COMMENT_LIMIT  # really had to cut
@@ -348,7 +350,7 @@ def test_stale_plots_are_removed_and_names_are_safe(tmp_path, doc):
     plots.mkdir()
     (plots / "old_run-latency.png").write_bytes(b"x")
     (plots / "mine.png").write_bytes(b"x")
-    write_reports(dict(doc, tests=doc["tests"][:1]), tmp_path)  # one run: one figure to draw
+    write_reports(dataclasses.replace(doc, tests=doc.tests[:1]), tmp_path)  # one run: one figure to draw
     assert not (plots / "old_run-latency.png").exists() and (plots / "mine.png").exists()
     assert safe_stem("a/b::c[../x]#0") != safe_stem("a/b::c[../y]#0")
     assert "/" not in safe_stem("../../etc/passwd") and not safe_stem("..hidden").startswith(".")
@@ -415,7 +417,69 @@ def test_reports_print_the_tolerance_in_the_direction_of_the_change(written):
     fall = compare_trials("goodput", [10.0, 10.1, 9.9], [5.7, 5.8, 5.65], higher_is_better=True, unit="req/s",
                           tolerance=0.5)
     assert fall.verdict is Verdict.REGRESSED
-    line = md.comparison_message(fall.to_dict())
+    line = Comparison.from_dict(fall.to_dict()).message()
     assert line.endswith(f"tolerance {minus}33.3%)") and "50%" not in line, line
     rise = compare_trials("ttft_p95", [0.10, 0.101, 0.099], [0.16, 0.161, 0.159], higher_is_better=False, tolerance=0.5)
-    assert md.comparison_message(rise.to_dict()).endswith("tolerance +50%)")
+    assert Comparison.from_dict(rise.to_dict()).message().endswith("tolerance +50%)")
+
+
+# ---------------------------------------------------------------------- the typed model
+
+
+def test_the_model_round_trips_through_its_json_and_validates(doc):
+    data = doc.to_json_dict()
+    validate(data)  # the built model's serialisation, samples and all, matches the schema
+    assert ReportDocument.from_json_dict(data) == doc
+    # llmperf.json is that serialisation without the samples, as strict JSON.
+    written = json.loads(to_json(doc))
+    assert written == json.loads(json.dumps(doc.without_samples().to_json_dict()))
+    assert ReportDocument.from_json_dict(written) == doc.without_samples()
+    # Derived fields are the domain's answers, not stored copies.
+    (chat_cold,) = doc.tests[0].runs
+    assert chat_cold.fails() and chat_cold.slo_passed is False
+    assert [v.verdict for v in chat_cold.verdicts if v.verdict.fails()] == [Verdict.REGRESSED]
+    assert written["headline"] == doc.headline and written["counts"] == doc.counts
+    assert doc.baseline is not None and doc.baseline.against == "baseline `main`"
+
+
+def test_from_json_dict_names_the_json_path_of_a_problem(doc):
+    from pytest_llmperf.report.model import ReportFormatError
+
+    bad = json.loads(to_json(doc))
+    bad["tests"][0]["runs"][0]["verdicts"][0]["verdict"] = "worse"
+    with pytest.raises(ReportFormatError, match=r"\$\.tests\[0\]\.runs\[0\]\.verdicts\[0\].*'worse'"):
+        ReportDocument.from_json_dict(bad)
+    bad = json.loads(to_json(doc))
+    del bad["tests"][1]["runs"][0]["key"]
+    with pytest.raises(ReportFormatError, match=r"\$\.tests\[1\]\.runs\[0\]: missing key 'key'"):
+        ReportDocument.from_json_dict(bad)
+    with pytest.raises(ReportFormatError, match="schema_version 1, got 2"):
+        ReportDocument.from_json_dict(dict(json.loads(to_json(doc)), schema_version=2))
+    # A field a later version adds is not breaking, as in the schema.
+    ok = json.loads(to_json(doc))
+    ok["tests"][0]["runs"][0]["verdicts"][0]["new_field"] = 1
+    assert ReportDocument.from_json_dict(ok) == doc.without_samples()
+
+
+def test_telemetry_in_the_model_holds_what_the_telemetry_module_records():
+    """The report cannot import telemetry (layers): its mirror must keep every field."""
+    from pytest_llmperf.report.model import GpuReport, JsonReader, ServerMetricsReport
+    from pytest_llmperf.telemetry.gpu import GpuDeviceStats, GpuTelemetry
+    from pytest_llmperf.telemetry.prometheus import Snapshot
+    from pytest_llmperf.telemetry.server import SeriesPoint, ServerTelemetry
+
+    gpu = GpuTelemetry(available=True, duration_s=2.0, power_max_w=700.0, devices=[
+        GpuDeviceStats(index=0, name="H100", memory_total_bytes=80 * 2**30, memory_used_peak_bytes=2**30,
+                       power_mean_w=650.0, power_max_w=700.0, energy_j=1300.0, temperature_max_c=55.0,
+                       sm_clock_min_mhz=1980.0, throttle_reasons=["hw_thermal_slowdown"], samples=4)])
+    for telemetry in (gpu, GpuTelemetry(available=False, reason="no NVML")):
+        data = telemetry.to_dict()
+        assert GpuReport.read(JsonReader(data)).to_json_dict() == data
+    server = ServerTelemetry(
+        available=True, engine="vllm", url="http://x/metrics", before=Snapshot(0.0, {"prefix_cache_hits": 1.0}),
+        after=Snapshot(3.0, {"prefix_cache_hits": 9.0}, engine="vllm", raw_count=40),
+        deltas={"prefix_cache_hits": 8.0}, series=[SeriesPoint(1.0, 3.0, None, 0.5)], peaks={"running": 3.0},
+        scrapes=3, counter_resets=["x"])
+    for telemetry in (server, ServerTelemetry(available=False, reason="HTTP 404")):
+        data = json.loads(json.dumps(telemetry.to_dict()))
+        assert ServerMetricsReport.read(JsonReader(data)).to_json_dict() == data

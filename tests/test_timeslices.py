@@ -1,5 +1,6 @@
 """Timeslices: per-interval TTFT, TPOT, tokens/s and server gauges, against hand-computed answers."""
 
+import dataclasses
 import gzip
 import json
 import math
@@ -269,8 +270,9 @@ def test_the_timeslice_plot_is_written_and_says_when_running_waiting_are_not_ava
     svg = next(p for p in paths if p.suffix == ".svg").read_text()
     assert "not available" in svg and "HTTP 404" in svg and "2 trials end to end" in svg
     # A run without timeslices (an older entry) gets no such figure.
-    for trial in doc["tests"][0]["runs"][0]["trials"]:
-        del trial["timeslices"]
-    assert write_plots(doc, tmp_path / "old").timeslices == {}
+    (run,) = doc.tests[0].runs
+    old = dataclasses.replace(run, trials=tuple(dataclasses.replace(t, timeslices=None) for t in run.trials))
+    assert write_plots(dataclasses.replace(doc, tests=(dataclasses.replace(doc.tests[0], runs=(old,)),)),
+                       tmp_path / "old").timeslices == {}
     mpl = __import__("pytest_llmperf.report.plots", fromlist=["_matplotlib"])._matplotlib()
-    assert timeslice_figure(mpl, "t", run_timeslices({"trials": []})) is not None
+    assert timeslice_figure(mpl, "t", run_timeslices(dataclasses.replace(run, trials=()))) is not None

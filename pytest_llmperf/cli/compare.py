@@ -47,6 +47,7 @@ from pytest_llmperf.stats import DEFAULT_ALPHA, DEFAULT_TOLERANCE, Comparison
 
 if TYPE_CHECKING:
     from pytest_llmperf.baseline.schema import SavedEntry
+    from pytest_llmperf.report.model import ReportDocument
 
 PROG = "llmperf compare"
 ALLOW_FLAG = "--allow-diff"
@@ -255,8 +256,8 @@ def format_result(result: CompareResult, baseline: RunSource, candidate: RunSour
     return "\n".join(lines)
 
 
-def report_document(result: CompareResult, baseline: RunSource, candidate: RunSource) -> dict[str, Any]:
-    """The session report document (see :mod:`report.document`) for this comparison, so the
+def report_document(result: CompareResult, baseline: RunSource, candidate: RunSource) -> ReportDocument:
+    """The session report (see :mod:`pytest_llmperf.report.model`) for this comparison, so the
     Markdown and JSON reports read exactly like those of a CI session."""
     from pytest_llmperf.report.document import build_document
 
@@ -272,7 +273,7 @@ def report_document(result: CompareResult, baseline: RunSource, candidate: RunSo
             gate_errors[key] = f"no counterpart in baseline {baseline.spec!r} (--strict)"
         if failed or nodeid not in outcomes:
             outcomes[nodeid] = "failed" if failed else "passed"
-    doc = build_document(
+    return build_document(
         candidate.entries,
         baseline={k: list(result.baseline_entries.get(k, [])) for k in comparisons},
         comparisons=comparisons,
@@ -281,13 +282,12 @@ def report_document(result: CompareResult, baseline: RunSource, candidate: RunSo
         baseline_name=baseline.name or baseline.spec,
         baseline_source=str(baseline.path),
         history_note=baseline.rebase_note,
+        # The renderers say "strict: inconclusive fails" and count failures accordingly.
+        strict=result.strict,
     )
-    # The renderers say "strict: inconclusive fails" and count failures accordingly.
-    doc["strict"] = result.strict
-    return doc
 
 
-def write_outputs(doc: Mapping[str, Any], *, markdown: Path | None = None, json_out: Path | None = None,
+def write_outputs(doc: ReportDocument, *, markdown: Path | None = None, json_out: Path | None = None,
                   report_dir: Path | None = None) -> list[Path]:
     """Write the reports asked for with the plugin's own renderers, so they read exactly like a
     CI session's: ``report_dir`` gets the whole set (JSON, junit, Markdown, plots); ``markdown``

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from pytest_llmperf.report.model import ReportDocument
 
 
 @pytest.hookspec(firstresult=False)
@@ -20,6 +23,14 @@ def pytest_llmperf_fingerprint_extra(config: pytest.Config, server: Any) -> dict
 
 
 @pytest.hookspec(firstresult=False)
-def pytest_llmperf_report(config: pytest.Config, document: dict[str, Any]) -> None:
-    """Receives the session's finished report document (the content of ``llmperf.json``, with
-    samples) after the report files are written: push it to a dashboard, a database, a chat."""
+def pytest_llmperf_report(config: pytest.Config, document: ReportDocument) -> None:
+    """Receives the session's finished report after the report files are written: push it to a
+    dashboard, a database, a chat.
+
+    ``document`` is the typed report model, :class:`~pytest_llmperf.report.model.ReportDocument`
+    (frozen dataclasses: ``document.tests[0].runs[0].summary.ttft_s.p95``,
+    ``run.verdicts`` as :class:`~pytest_llmperf.stats.Comparison`, ``run.fails(document.strict)``).
+    ``document.to_json_dict()`` is the plain JSON form (``llmperf.json`` plus the per-request
+    samples). The hook used to receive that plain dict; a hook that indexes ``document["tests"]``
+    now reads ``document.to_json_dict()["tests"]`` (or ``document.tests``).
+    """

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from pytest_llmperf.baseline.schema import LaunchRecord
     from pytest_llmperf.capacity import CapacityResult
     from pytest_llmperf.objectives import SLOCheck
+    from pytest_llmperf.report.model import LaunchReport, ReportDocument, ServerReport
     from pytest_llmperf.results import RunResult
     from pytest_llmperf.stats import Comparison
 
@@ -112,7 +113,7 @@ class LLMPerfSession:
         self.selected: set[str] = set()
         # Under pytest-xdist, on the controller: what the workers measured (see absorb).
         self.remote_servers: list[str] = []
-        self.remote_server: dict[str, Any] | None = None
+        self.remote_server: ServerReport | None = None
         self.remote_launch_times_s: list[float] = []  # the start-up times of the workers' launches
         self.remote_summaries: list[dict[str, list[Any]]] = []
         self.baselines_prepared = False
@@ -191,19 +192,20 @@ class LLMPerfSession:
             return []
         return list(self.servers.launch_times_s) or list(self.remote_launch_times_s)
 
-    def launches_doc(self) -> dict[str, Any] | None:
+    def launches_doc(self) -> LaunchReport | None:
         """The report document's ``launches``: count and start-up times, total and per launch (per
         side in A/B mode); start-up is never measured as load."""
+        from pytest_llmperf.report.model import LaunchReport
+
         sides = {side: list(self.pair.launch_times_s(side)) for side in (CANDIDATE, REFERENCE)} if self.pair else {}
         times = [t for side_times in sides.values() for t in side_times] if sides else self._launch_times_s()
         if not times:
             return None
-        doc: dict[str, Any] = {"count": len(times), "startup_s": [round(t, 3) for t in times],
-                               "total_startup_s": round(sum(times), 3)}
-        if self.pair is not None:
-            doc["blocks"] = self.plan.launches
-            doc["by_side"] = {side: [round(t, 3) for t in ts] for side, ts in sides.items()}
-        return doc
+        return LaunchReport(
+            count=len(times), startup_s=tuple(round(t, 3) for t in times), total_startup_s=round(sum(times), 3),
+            blocks=self.plan.launches if self.pair is not None else None,
+            by_side={side: tuple(round(t, 3) for t in ts) for side, ts in sides.items()} if self.pair is not None else None,
+        )
 
     # ------------------------------------------------------------------ A/B mode
 
@@ -424,12 +426,13 @@ class LLMPerfSession:
         from pytest_llmperf import jsonio
 
         info = self.servers.info
+        server = _server_report(info)
         payload = {
             "selected": sorted(self.selected),
             "entries": self.entries,
             "slo_checks": {key: [c.to_dict() for c in checks] for key, checks in self.slo_checks.items()},
             "outcomes": self.outcomes,
-            "server": self._server_doc(info),
+            "server": server.to_json_dict() if server is not None else None,
             "server_line": info.describe() if info is not None else None,
             "launch_times_s": list(self.servers.launch_times_s) if self.servers.launches else [],
             "summary": summary,  # plugin.summary.summary_lines(self), from the caller: the summary reads the session
@@ -448,7 +451,9 @@ class LLMPerfSession:
             self.slo_checks[key] = [SLOCheck(**c) for c in checks]
         self.outcomes.update(payload.get("outcomes") or {})
         if payload.get("server") and self.remote_server is None:
-            self.remote_server = payload["server"]
+            from pytest_llmperf.report.model import JsonReader, ServerReport
+
+            self.remote_server = ServerReport.read(JsonReader(payload["server"], "worker payload: server"))
         self.remote_launch_times_s.extend(float(t) for t in payload.get("launch_times_s") or [])
         line = payload.get("server_line")
         if line and line not in self.remote_servers:
@@ -456,13 +461,6 @@ class LLMPerfSession:
         summary = payload.get("summary") or {}
         if any(summary.values()):
             self.remote_summaries.append(summary)
-
-    @staticmethod
-    def _server_doc(info: ServerInfo | None) -> dict[str, Any] | None:
-        if info is None:
-            return None
-        return {"preset": info.preset, "version": info.version, "model": info.model,
-                "base_url": info.base_url, "startup_s": info.startup_s, "launched": info.launched}
 
     # ------------------------------------------------------------------ the end
 
@@ -518,16 +516,17 @@ class LLMPerfSession:
         self.bisect_line = f"llmperf bisect: exit {code} ({label}): {why}"
         session.exitstatus = code
 
-    def document(self) -> dict[str, Any]:
+    def document(self) -> ReportDocument:
         from pytest_llmperf.report.document import build_document
+        from pytest_llmperf.report.model import ReferenceReport
 
         info = self.servers.info
-        server = self._server_doc(info) if info is not None else self.remote_server
+        server = _server_report(info) if info is not None else self.remote_server
         gate = self.gate
-        reference: dict[str, Any] | None = None
+        reference: ReferenceReport | None = None
         if self.pair is not None:
-            reference = {"label": self.reference_label(), "launches": self.launch_note(),
-                         "server": self._server_doc(self.pair.info(REFERENCE)), "stopped": self.ab_failure}
+            reference = ReferenceReport(label=self.reference_label(), launches=self.launch_note(),
+                                        server=_server_report(self.pair.info(REFERENCE)), stopped=self.ab_failure)
         judged = gate is not None and self.ab_failure is None
         return build_document(
             self.entries,
@@ -538,7 +537,7 @@ class LLMPerfSession:
             outcomes=self.outcomes,
             server=server,
             baseline_name="reference" if reference is not None else self.options.baseline,
-            baseline_source=reference["label"] if reference is not None else self.baseline_source,
+            baseline_source=reference.label if reference is not None else self.baseline_source,
             reference=reference,
             launches=self.launches_doc(),
             history_note=self.history_note if reference is None else None,
@@ -548,9 +547,10 @@ class LLMPerfSession:
     def write_reports(self) -> None:
         from pytest_llmperf.report.writers import write_reports
 
-        doc = self.document()
         step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+        doc: ReportDocument | None = None
         try:
+            doc = self.document()
             paths = write_reports(doc, self.options.report_path, github_step_summary=step_summary or None)
             self.report_paths = [str(p) for p in paths]
         except OSError as exc:
@@ -558,7 +558,18 @@ class LLMPerfSession:
         except Exception as exc:  # noqa: BLE001 - a report bug must not cost the baseline saved after it
             self.report_error = (f"could not write reports to {self.options.report_path}: "
                                  f"{type(exc).__name__}: {exc} (a pytest-llmperf bug: please report it)")
-        self.config.hook.pytest_llmperf_report(config=self.config, document=doc)
+        if doc is not None:
+            self.config.hook.pytest_llmperf_report(config=self.config, document=doc)
+
+
+def _server_report(info: ServerInfo | None) -> ServerReport | None:
+    """The report's ``server``: what the session measured (A/B: each side)."""
+    from pytest_llmperf.report.model import ServerReport
+
+    if info is None:
+        return None
+    return ServerReport(preset=info.preset, version=info.version, model=info.model, base_url=info.base_url,
+                        startup_s=info.startup_s, launched=info.launched)
 
 
 def planned_family(items: list[pytest.Item]) -> int:

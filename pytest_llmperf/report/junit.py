@@ -19,15 +19,16 @@ plus any class (``perf.test_serving.TestChat``), the case name starts with the t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from junit_xml import TestCase, TestSuite, to_xml_report_string
 
 from pytest_llmperf.formatting import fmt_value
-from pytest_llmperf.report.markdown import comparison_message, is_strict, iter_runs, run_invalid_reasons, run_names
+from pytest_llmperf.report.markdown import run_names
+from pytest_llmperf.stats import Verdict
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from pytest_llmperf.report.model import ReportDocument, RunReport
 
 SEP = " · "
 
@@ -42,112 +43,113 @@ def classname_for(nodeid: str) -> str:
     return ".".join([module, *parts[1:-1]]) if module else ".".join(parts[1:-1])
 
 
-def build_suites(doc: Mapping[str, Any]) -> list[TestSuite]:
-    strict = is_strict(doc)
+def build_suites(doc: ReportDocument) -> list[TestSuite]:
+    strict = doc.strict
     names = run_names(doc)
-    baseline = (doc.get("baseline") or {}).get("name")
+    baseline = doc.baseline.name if doc.baseline is not None else None
     suites = []
-    for test, run in iter_runs(doc):
-        name = names[run["key"]]
-        classname = classname_for(str(test.get("nodeid", "")))
+    for test, run in doc.runs():
+        name = names[run.key]
+        classname = classname_for(test.nodeid)
         cases = _verdict_cases(run, name, classname, strict)
         cases += _slo_cases(run, name, classname)
         cases += _gate_cases(run, name, classname)
         if not cases:
             case = TestCase(f"{name}{SEP}run", classname=classname, stdout=_facts(run))
-            invalid = run_invalid_reasons(run)
+            invalid = run.invalid_reasons
             if invalid is not None:
                 case.add_skipped_info(message="invalid run: " + "; ".join(invalid))
             cases.append(case)
         suites.append(TestSuite(
-            f"{test.get('nodeid')} [{run.get('label', '')}]",
+            f"{test.nodeid} [{run.label}]",
             cases,
-            timestamp=doc.get("created_at"),
+            timestamp=doc.created_at,
             properties=_properties(run, baseline),
         ))
     return suites
 
 
-def render_junit(doc: Mapping[str, Any]) -> str:
+def render_junit(doc: ReportDocument) -> str:
     """The JUnit XML text for ``doc`` (an empty ``<testsuites/>`` when no run was measured)."""
     return to_xml_report_string(build_suites(doc), prettyprint=True, encoding="utf-8")
 
 
-def _verdict_cases(run: Mapping[str, Any], name: str, classname: str, strict: bool) -> list[TestCase]:
+def _verdict_cases(run: RunReport, name: str, classname: str, strict: bool) -> list[TestCase]:
     cases = []
-    for v in run.get("verdicts") or []:
-        message = comparison_message(v)
-        case = TestCase(f"{name}{SEP}{v.get('name')}", classname=classname, stdout=message)
-        verdict = v.get("verdict")
-        if verdict == "regressed" or (strict and verdict == "inconclusive"):
-            case.add_failure_info(message=f"{str(verdict).upper()}: {message}", failure_type=str(verdict))
-        elif verdict == "not_gated":
-            case.add_skipped_info(message=f"not gated: {v.get('reason') or message}")
+    for v in run.verdicts:
+        message = v.message()
+        case = TestCase(f"{name}{SEP}{v.name}", classname=classname, stdout=message)
+        if v.verdict.fails(strict):
+            case.add_failure_info(message=f"{v.verdict.value.upper()}: {message}", failure_type=v.verdict.value)
+        elif v.verdict is Verdict.NOT_GATED:
+            case.add_skipped_info(message=f"not gated: {v.reason or message}")
         cases.append(case)
     return cases
 
 
-def _slo_cases(run: Mapping[str, Any], name: str, classname: str) -> list[TestCase]:
+def _slo_cases(run: RunReport, name: str, classname: str) -> list[TestCase]:
     cases = []
-    for c in run.get("slo_checks") or []:
-        case = TestCase(f"{name}{SEP}slo {c.get('key')}", classname=classname, stdout=str(c.get("message", "")))
-        if c.get("not_measured"):
-            case.add_skipped_info(message=str(c.get("message", "")))
-        elif not c.get("passed"):
-            case.add_failure_info(message=str(c.get("message", "")), failure_type="slo")
+    for c in run.slo_checks:
+        case = TestCase(f"{name}{SEP}slo {c.key}", classname=classname, stdout=c.message)
+        if c.not_measured:
+            case.add_skipped_info(message=c.message)
+        elif not c.passed:
+            case.add_failure_info(message=c.message, failure_type="slo")
         cases.append(case)
     return cases
 
 
-def _gate_cases(run: Mapping[str, Any], name: str, classname: str) -> list[TestCase]:
+def _gate_cases(run: RunReport, name: str, classname: str) -> list[TestCase]:
     cases = []
-    if run.get("gate_error"):
+    if run.gate_error:
         case = TestCase(f"{name}{SEP}baseline", classname=classname)
-        case.add_failure_info(message=str(run["gate_error"]), failure_type="baseline")
+        case.add_failure_info(message=run.gate_error, failure_type="baseline")
         cases.append(case)
-    cache = run.get("cache_check")
-    if cache:
-        message = str(cache.get("message") or f"{cache.get('expected')} cache state held")
+    cache = run.cache_check
+    if cache is not None:
+        message = cache.message or f"{cache.expected} cache state held"
         case = TestCase(f"{name}{SEP}cache", classname=classname, stdout=message)
-        if cache.get("held") is False:
+        if cache.held is False:
             case.add_failure_info(message=message, failure_type="cache")
-        elif cache.get("held") is None:
+        elif cache.held is None:
             case.add_skipped_info(message=message)
         cases.append(case)
     return cases
 
 
-def _facts(run: Mapping[str, Any]) -> str:
-    s = run.get("summary") or {}
-    if not s:
-        return str(run.get("label", ""))
-    return (f"{run.get('label', '')}: {s.get('completed', 0)}/{s.get('requests', 0)} ok, "
-            f"TTFT p95 {fmt_value((s.get('ttft_s') or {}).get('p95'), 's')}, "
-            f"TPOT p95 {fmt_value((s.get('tpot_s') or {}).get('p95'), 's')}, "
-            f"goodput {fmt_value(s.get('goodput_rps'), 'req/s')}")
+def _facts(run: RunReport) -> str:
+    s = run.summary
+    if s is None:
+        return run.label
+    return (f"{run.label}: {s.completed}/{s.requests} ok, "
+            f"TTFT p95 {fmt_value(s.ttft_s.p95, 's')}, "
+            f"TPOT p95 {fmt_value(s.tpot_s.p95, 's')}, "
+            f"goodput {fmt_value(s.goodput_rps, 'req/s')}")
 
 
-def _properties(run: Mapping[str, Any], baseline: str | None) -> dict[str, str]:
+def _properties(run: RunReport, baseline: str | None) -> dict[str, str]:
     """Key metrics of the run, SI units in the names (as in llmperf.json)."""
-    s = run.get("summary") or {}
-    props: dict[str, Any] = {"llmperf.key": run.get("key"), "llmperf.label": run.get("label")}
+    s = run.summary
+    props: dict[str, str | float | bool | None] = {"llmperf.key": run.key, "llmperf.label": run.label}
     if baseline:
         props["llmperf.baseline"] = baseline
-    for name in ("requests", "completed", "failed", "error_rate", "window_s", "output_throughput_tps",
-                 "request_throughput_rps", "goodput_rps", "attainment"):
-        props[f"llmperf.{name}"] = s.get(name)
-    for metric in ("ttft", "tpot", "itl", "e2e"):
-        dist = s.get(f"{metric}_s") or {}
-        for stat in ("p50", "p95", "p99"):
-            props[f"llmperf.{metric}_{stat}_s"] = dist.get(stat)
-    validity = s.get("validity") or {}
-    if validity:
-        props["llmperf.valid"] = validity.get("valid")
-    props["llmperf.trials"] = len(run.get("trials") or [])
+    if s is not None:
+        props.update({
+            "llmperf.requests": s.requests, "llmperf.completed": s.completed, "llmperf.failed": s.failed,
+            "llmperf.error_rate": s.error_rate, "llmperf.window_s": s.window_s,
+            "llmperf.output_throughput_tps": s.output_throughput_tps,
+            "llmperf.request_throughput_rps": s.request_throughput_rps, "llmperf.goodput_rps": s.goodput_rps,
+            "llmperf.attainment": s.attainment,
+        })
+        for metric, dist in (("ttft", s.ttft_s), ("tpot", s.tpot_s), ("itl", s.itl_s), ("e2e", s.e2e_s)):
+            props.update({f"llmperf.{metric}_p50_s": dist.p50, f"llmperf.{metric}_p95_s": dist.p95,
+                          f"llmperf.{metric}_p99_s": dist.p99})
+        props["llmperf.valid"] = s.validity.valid
+    props["llmperf.trials"] = len(run.trials)
     return {k: _prop(v) for k, v in props.items() if v is not None}
 
 
-def _prop(value: Any) -> str:
+def _prop(value: str | float | bool) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):

@@ -23,18 +23,23 @@ import io
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pytest_llmperf.baseline.samples import unpack_samples
-from pytest_llmperf.report.document import side_label
 from pytest_llmperf.report.files import atomic_write_bytes
-from pytest_llmperf.report.markdown import PLOTS_MISSING_NOTE, iter_runs, run_names
-from pytest_llmperf.timeslices import Timeslices
+from pytest_llmperf.report.markdown import PLOTS_MISSING_NOTE, run_names
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping, Sequence
+
+    from pytest_llmperf.metrics import Summary
+    from pytest_llmperf.objectives import SLO
+    from pytest_llmperf.report.model import ReportDocument, RunReport, TrialReport
+    from pytest_llmperf.timeslices import Timeslices
 
 FORMATS = ("png", "svg")
 # An ECDF of 100k requests drawn point by point makes multi-megabyte SVGs; this many evenly spaced
@@ -71,14 +76,21 @@ class Sweep:
 
     title: str
     axis: str  # "rate_rps" | "concurrency"
-    runs: list[Mapping[str, Any]]
+    runs: list[RunReport]
 
     @property
     def loads(self) -> list[float]:
-        return [float(r["workload"][self.axis]) for r in self.runs]
+        return [offered_load(r, self.axis) or 0.0 for r in self.runs]
 
 
-def write_plots(doc: Mapping[str, Any], out_dir: Path | str) -> PlotFiles:
+def offered_load(run: RunReport, axis: str) -> float | None:
+    """The run's offered load on ``axis`` (``rate_rps`` or ``concurrency``), as its workload
+    recorded it; None when it has none there."""
+    value = run.workload[axis] if run.workload is not None and axis in run.workload else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def write_plots(doc: ReportDocument, out_dir: Path | str) -> PlotFiles:
     """Write the plots of ``doc`` into ``out_dir``; without matplotlib, write nothing and say so."""
     mpl = _matplotlib()
     if mpl is None:
@@ -88,10 +100,10 @@ def write_plots(doc: Mapping[str, Any], out_dir: Path | str) -> PlotFiles:
     result = PlotFiles()
     stems: set[str] = set()
     names = run_names(doc)
-    baseline = side_label(doc)  # "baseline main", or "reference" in A/B mode
-    for _, run in iter_runs(doc):
-        key = str(run.get("key"))
-        if any(isinstance(t.get("timeslices"), Mapping) for t in run.get("trials") or []):
+    baseline = doc.side_label  # "baseline main", or "reference" in A/B mode
+    for _, run in doc.runs():
+        key = run.key
+        if any(t.timeslices is not None for t in run.trials):
             stem = _unique_stem(key, "-timeslices", stems)
             try:
                 fig = timeslice_figure(mpl, _run_title(names, key, run), run_timeslices(run))
@@ -99,8 +111,8 @@ def write_plots(doc: Mapping[str, Any], out_dir: Path | str) -> PlotFiles:
             except OSError:
                 raise
             except Exception as exc:
-                result.errors.append(f"{names.get(key, key)} over time: {type(exc).__name__}: {exc}")
-        raw = {m: (samples(run.get("trials")), samples(run.get("baseline_trials"))) for m in ("ttft_s", "tpot_s")}
+                result.errors.append(f"{names[key]} over time: {type(exc).__name__}: {exc}")
+        raw = {m: (samples(run.trials), samples(run.baseline_trials)) for m in ("ttft_s", "tpot_s")}
         series = {m: (_pick(c, m), _pick(b, m)) for m, (c, b) in raw.items()}
         if not any(c.size or b.size for c, b in series.values()):
             continue
@@ -111,7 +123,7 @@ def write_plots(doc: Mapping[str, Any], out_dir: Path | str) -> PlotFiles:
         except OSError:
             raise
         except Exception as exc:  # a plotting bug must not cost the gate its other reports
-            result.errors.append(f"{names.get(key, key)}: {type(exc).__name__}: {exc}")
+            result.errors.append(f"{names[key]}: {type(exc).__name__}: {exc}")
     for sweep in find_sweeps(doc):
         stem = _unique_stem(sweep.title, "-sweep", stems)
         try:
@@ -128,29 +140,27 @@ def write_plots(doc: Mapping[str, Any], out_dir: Path | str) -> PlotFiles:
 # ---------------------------------------------------------------------- data
 
 
-def samples(trials: Sequence[Mapping[str, Any]] | None) -> dict[str, list[np.ndarray]]:
+def samples(trials: Sequence[TrialReport]) -> dict[str, list[np.ndarray]]:
     """Packed per-request samples of some trials, unpacked per series name."""
     out: dict[str, list[np.ndarray]] = {}
-    for trial in trials or []:
-        for name, packed in (trial.get("samples") or {}).items():
+    for trial in trials:
+        for name, packed in trial.samples.items():
             out.setdefault(name, []).append(unpack_samples(packed))
     return out
 
 
-def _run_title(names: Mapping[str, str], key: str, run: Mapping[str, Any]) -> str:
-    label = str(run.get("label") or "")
-    title = names.get(key, key)
-    return f"{title} — {label}" if label and label not in title else title
+def _run_title(names: Mapping[str, str], key: str, run: RunReport) -> str:
+    title = names[key]
+    return f"{title} — {run.label}" if run.label and run.label not in title else title
 
 
-def run_timeslices(run: Mapping[str, Any]) -> list[Timeslices]:
+def run_timeslices(run: RunReport) -> list[Timeslices]:
     """The timeslices of a run's trials, in trial order (trials saved without them left out)."""
-    return [Timeslices.from_dict(t["timeslices"]) for t in run.get("trials") or []
-            if isinstance(t.get("timeslices"), Mapping)]
+    return [t.timeslices for t in run.trials if t.timeslices is not None]
 
 
 def _pick(series: Mapping[str, list[np.ndarray]], name: str) -> np.ndarray:
-    arrays = series.get(name) or []
+    arrays = series[name] if name in series else []
     return np.concatenate([a.reshape(-1) for a in arrays]) if arrays else np.asarray([], dtype=float)
 
 
@@ -167,16 +177,16 @@ def ecdf(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     return x, y, failed
 
 
-def find_sweeps(doc: Mapping[str, Any]) -> list[Sweep]:
+def find_sweeps(doc: ReportDocument) -> list[Sweep]:
     """Load sweeps: runs of one test (parametrize ids ignored) whose workloads are equal except
     for the offered load, with at least two distinct loads on one axis."""
-    groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    groups: dict[tuple[str, str], list[RunReport]] = {}
     titles: dict[tuple[str, str], str] = {}
-    for test, run in iter_runs(doc):
-        workload = run.get("workload")
-        if not isinstance(workload, Mapping) or not run.get("summary"):
+    for test, run in doc.runs():
+        workload = run.workload
+        if workload is None or run.summary is None:
             continue
-        base = str(test.get("nodeid", "")).split("[", 1)[0]
+        base = test.nodeid.split("[", 1)[0]
         shape = json.dumps({k: v for k, v in workload.items() if k not in _LOAD_FIELDS}, sort_keys=True, default=str)
         groups.setdefault((base, shape), []).append(run)
         titles[(base, shape)] = base.split("::")[-1] or base
@@ -184,13 +194,13 @@ def find_sweeps(doc: Mapping[str, Any]) -> list[Sweep]:
     per_title: dict[str, int] = {}
     for key, runs in groups.items():
         for axis in ("rate_rps", "concurrency"):
-            values = [r["workload"].get(axis) for r in runs]
-            if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values) and len(set(values)) >= 2:
+            values = [offered_load(r, axis) for r in runs]
+            if all(v is not None for v in values) and len(set(values)) >= 2:
                 title = titles[key]
-                per_title[title] = per_title.get(title, 0) + 1
+                per_title[title] = per_title.setdefault(title, 0) + 1
                 if per_title[title] > 1:
                     title = f"{title} #{per_title[title]}"
-                ordered = sorted(runs, key=lambda r: float(r["workload"][axis]))
+                ordered = sorted(runs, key=lambda r: offered_load(r, axis) or 0.0)
                 sweeps.append(Sweep(title, axis, ordered))
                 break
     return sweeps
@@ -199,12 +209,12 @@ def find_sweeps(doc: Mapping[str, Any]) -> list[Sweep]:
 # ---------------------------------------------------------------------- figures
 
 
-def latency_figure(mpl: Any, title: str, run: Mapping[str, Any],
+def latency_figure(mpl: Any, title: str, run: RunReport,
                    series: Mapping[str, tuple[np.ndarray, np.ndarray]], baseline: str) -> Any:
     fig = mpl.Figure(figsize=(10, 4))
     mpl.Canvas(fig)
     axes = fig.subplots(1, 2)
-    slo = run.get("slo") or {}
+    slo = run.slo
     for ax, (metric, label) in zip(axes, (("ttft_s", "TTFT"), ("tpot_s", "TPOT"))):
         candidate, base = series[metric]
         top = 0.0
@@ -314,10 +324,11 @@ def timeslice_figure(mpl: Any, title: str, trials: Sequence[Timeslices]) -> Any:
     return fig
 
 
-def _slo_lines(ax: Any, slo: Mapping[str, Any], metric: str, top_s: float) -> None:
-    for key, limit in slo.items():
-        if not key.startswith(metric + "_") or not isinstance(limit, (int, float)):
+def _slo_lines(ax: Any, slo: SLO | None, metric: str, top_s: float) -> None:
+    for threshold in slo.latency if slo is not None else ():
+        if threshold.metric != metric:
             continue
+        key, limit = threshold.key, threshold.limit_s
         # A limit far beyond the data would squash the curves into the left edge: name it instead.
         if top_s > 0 and limit <= 2.0 * top_s:
             ax.axvline(limit * 1e3, color="tab:red", linestyle=":", linewidth=1.2, label=f"SLO {key}")
@@ -332,17 +343,18 @@ def sweep_figure(mpl: Any, sweep: Sweep, baseline: str) -> Any:
     ax_good, ax_lat = fig.subplots(1, 2)
     loads = sweep.loads
     axis_label = "offered rate (req/s)" if sweep.axis == "rate_rps" else "concurrency"
-    sides = [("candidate", "summary", CANDIDATE_COLOR, "-")]
-    if any(r.get("baseline_summary") for r in sweep.runs):
-        sides.insert(0, (baseline, "baseline_summary", BASELINE_COLOR, "--"))
-    for who, field_name, color, style in sides:
-        good = [_get(r.get(field_name), "goodput_rps") for r in sweep.runs]
+    sides: list[tuple[str, Callable[[RunReport], Summary | None], str, str]] = [
+        ("candidate", lambda r: r.summary, CANDIDATE_COLOR, "-")]
+    if any(r.baseline_summary is not None for r in sweep.runs):
+        sides.insert(0, (baseline, lambda r: r.baseline_summary, BASELINE_COLOR, "--"))
+    for who, side, color, style in sides:
+        summaries = [side(r) for r in sweep.runs]
+        good = [s.goodput_rps if s is not None else None for s in summaries]
         ax_good.plot(loads, good, marker="o", color=color, linestyle=style, label=f"{who} goodput")
-        for metric, marker in (("ttft_s", "o"), ("e2e_s", "s")):
-            p95 = [_get(r.get(field_name), metric, "p95") for r in sweep.runs]
+        for metric, marker in (("ttft", "o"), ("e2e", "s")):
+            p95 = [s.distribution(metric).p95 if s is not None else None for s in summaries]
             ms = [v * 1e3 if v is not None else math.nan for v in p95]
-            ax_lat.plot(loads, ms, marker=marker, color=color, linestyle=style,
-                        label=f"{who} {metric.removesuffix('_s').upper()} p95")
+            ax_lat.plot(loads, ms, marker=marker, color=color, linestyle=style, label=f"{who} {metric.upper()} p95")
     if sweep.axis == "rate_rps":
         # Goodput tracks the offered rate until the server saturates; the diagonal shows where.
         ax_good.plot(loads, loads, color="0.7", linestyle=":", linewidth=1, label="offered rate")
@@ -368,15 +380,6 @@ def _layout(fig: Any) -> None:
     # Fixed margins: the constrained layout engine doubled the time to save a figure, and these
     # two-panel figures have the same shape every time.
     fig.subplots_adjust(left=0.07, right=0.98, bottom=0.12, top=0.87, wspace=0.22)
-
-
-def _get(summary: Any, *path: str) -> float | None:
-    value = summary
-    for p in path:
-        if not isinstance(value, Mapping):
-            return None
-        value = value.get(p)
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 # ---------------------------------------------------------------------- files

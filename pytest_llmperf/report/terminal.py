@@ -6,6 +6,7 @@ compare`` both print it.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from pytest_llmperf.formatting import fmt_s, table
@@ -14,9 +15,10 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
     from pytest_llmperf.baseline.compare import RunComparison
+    from pytest_llmperf.metrics import Summary
 
 
-def summary_text(summary: Any, title: str | None = None) -> str:
+def summary_text(summary: Summary, title: str | None = None) -> str:
     """Percentile table plus throughput, goodput, errors and validity of one Summary."""
     rows = []
     for label, attr in (("TTFT", "ttft_s"), ("TTFVT", "ttfvt_s"), ("TPOT", "tpot_s"), ("ITL", "itl_s"), ("E2E", "e2e_s")):
@@ -45,7 +47,7 @@ def summary_text(summary: Any, title: str | None = None) -> str:
     v = summary.validity
     if not v.valid:
         parts.append("INVALID RUN: " + "; ".join(v.reasons))
-    for warning in getattr(v, "warnings", ()):
+    for warning in v.warnings:
         parts.append("warning: " + warning)
     return "\n".join(parts)
 
@@ -68,9 +70,7 @@ def short_key(key: str) -> str:
 def run_labels(keys: Sequence[str]) -> dict[str, str]:
     """Test names for a table; the full key where two files hold tests of the same name."""
     short = {k: short_key(k) for k in keys}
-    counts: dict[str, int] = {}
-    for name in short.values():
-        counts[name] = counts.get(name, 0) + 1
+    counts = Counter(short.values())
     return {k: name if counts[name] == 1 else k for k, name in short.items()}
 
 

@@ -1,6 +1,6 @@
-"""Write the report directory from a session report document (see report/document.py).
+"""Write the report directory from a session report (:class:`~pytest_llmperf.report.model.ReportDocument`).
 
-``report_dir`` receives ``llmperf.json`` (the document without samples, strict JSON, checked by
+``report_dir`` receives ``llmperf.json`` (the model's JSON without samples, strict JSON, checked by
 ``schemas/llmperf-report.schema.json``), ``llmperf-junit.xml``, ``llmperf-summary.md`` and
 ``plots/``. Every file is written atomically (temp file + ``os.replace``) so a CI step that
 uploads the directory never picks up half a file.
@@ -8,17 +8,18 @@ uploads the directory never picks up half a file.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_llmperf import jsonio
 from pytest_llmperf.errors import LLMPerfError
-from pytest_llmperf.report.document import without_samples
 from pytest_llmperf.report.files import atomic_write_text
 
 if TYPE_CHECKING:
     import os
-    from collections.abc import Mapping
+
+    from pytest_llmperf.report.model import ReportDocument
 
 JSON_NAME = "llmperf.json"
 JUNIT_NAME = "llmperf-junit.xml"
@@ -36,7 +37,7 @@ class StepSummaryError(LLMPerfError, OSError):
 
 
 def write_reports(
-    doc: Mapping[str, Any], report_dir: Path | str, *, github_step_summary: str | os.PathLike[str] | None = None
+    doc: ReportDocument, report_dir: Path | str, *, github_step_summary: str | os.PathLike[str] | None = None
 ) -> list[Path]:
     """Write every report for ``doc`` into ``report_dir``; return the files written there.
 
@@ -64,11 +65,11 @@ def write_reports(
     return written
 
 
-def to_json(doc: Mapping[str, Any]) -> str:
+def to_json(doc: ReportDocument) -> str:
     """``doc`` without samples as strict JSON (:mod:`pytest_llmperf.jsonio`: NaN as null, ±inf as
     "inf"/"-inf"; a value of an unknown type as its text rather than failing the whole report at
     the end of a long session)."""
-    return jsonio.dumps(without_samples(doc), indent=1, lenient=True) + "\n"
+    return jsonio.dumps(doc.to_json_dict(samples=False), indent=1, lenient=True) + "\n"
 
 
 def append_step_summary(path: Path, markdown: str) -> None:
@@ -89,8 +90,8 @@ def load_schema() -> dict[str, Any]:
     return jsonio.loads(schema_path().read_text(encoding="utf-8"))
 
 
-def validate(doc: Mapping[str, Any]) -> None:
-    """Check ``doc`` (as ``llmperf.json`` would hold it) against the schema.
+def validate(doc: ReportDocument | Mapping[str, object]) -> None:
+    """Check ``doc`` (a report model, or JSON as ``llmperf.json`` holds it) against the schema.
 
     Raises :class:`ReportSchemaError` listing every problem with its JSON path, or ImportError
     when jsonschema (a development dependency) is not installed.
@@ -102,7 +103,8 @@ def validate(doc: Mapping[str, Any]) -> None:
             "validating a report needs jsonschema: pip install 'pytest-llmperf[dev]' (or jsonschema)"
         ) from exc
     # Validate what a reader of the file sees: tuples as lists, NaN as null, infinities spelled.
-    instance = jsonio.loads(jsonio.dumps(doc, lenient=True))
+    data = doc if isinstance(doc, Mapping) else doc.to_json_dict()
+    instance = jsonio.loads(jsonio.dumps(data, lenient=True))
     validator = jsonschema.Draft202012Validator(load_schema())
     errors = sorted(validator.iter_errors(instance), key=lambda e: list(e.absolute_path))
     if errors:
