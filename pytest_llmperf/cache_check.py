@@ -19,13 +19,15 @@ Two more expectations use the same evidence:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypedDict
 
 from pytest_llmperf.records import PHASE_MEASURE, RequestRecord
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
+
+    from pytest_llmperf.telemetry.server import ServerTelemetry
 
 # A warm run is expected to serve at least this share of its prompt tokens from the cache; real
 # engines cache in blocks and evict, so asking for ~all would cry wolf.
@@ -33,6 +35,17 @@ WARM_MIN_HIT_RATE = 0.2
 # A cold run may still hit on the chat template's first block (a system header the engine renders
 # before the salted user text is the same for every request), never on more than a small share.
 COLD_MAX_HIT_RATE = 0.1
+
+
+class CacheCheckDict(TypedDict):
+    """:meth:`CacheCheck.to_dict`."""
+
+    expected: str
+    held: bool | None
+    source: str
+    hit_tokens: float | None
+    query_tokens: float | None
+    message: str
 
 
 @dataclass(frozen=True)
@@ -44,15 +57,22 @@ class CacheCheck:
     query_tokens: float | None = None
     message: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> CacheCheckDict:
+        return {"expected": self.expected, "held": self.held, "source": self.source, "hit_tokens": self.hit_tokens,
+                "query_tokens": self.query_tokens, "message": self.message}
 
 
 HIT_TARGET_TOLERANCE = 0.05
 CONVERSATION_MIN_SHARE = 0.7
 
 
-def _measured_rate(telemetry: Sequence[dict[str, Any] | None], records: Sequence[RequestRecord],
+def _cache_counters(telemetry: Sequence[ServerTelemetry | None]) -> list[dict[str, float]] | None:
+    """Each trial's counter deltas, when every trial has the server's prefix-cache counters."""
+    deltas = [t.deltas for t in telemetry if t is not None and t.available and "prefix_cache_hits" in t.deltas]
+    return deltas if telemetry and len(deltas) == len(telemetry) else None
+
+
+def _measured_rate(telemetry: Sequence[ServerTelemetry | None], records: Sequence[RequestRecord],
                    *, prefer_records: bool = False) -> tuple[float, float, str] | None:
     """(hits, queries, source): server counters first, then the records' cached_tokens
     (``prefer_records``: the other way round, since the records cover the measured phase only
@@ -61,10 +81,10 @@ def _measured_rate(telemetry: Sequence[dict[str, Any] | None], records: Sequence
     if prefer_records and measured and all(r.cached_tokens is not None for r in measured):
         return (float(sum(r.cached_tokens or 0 for r in measured)),
                 float(sum(r.prompt_tokens or 0 for r in measured)), "usage.cached_tokens")
-    if telemetry and all(t and t.get("available") and "prefix_cache_hits" in (t.get("deltas") or {}) for t in telemetry):
-        deltas = [(t or {}).get("deltas") or {} for t in telemetry]
-        hits = float(sum(float(d.get("prefix_cache_hits", 0.0)) for d in deltas))
-        queries = float(sum(float(d.get("prefix_cache_queries", 0.0)) for d in deltas))
+    counters = _cache_counters(telemetry)
+    if counters is not None:
+        hits = float(sum(d.get("prefix_cache_hits", 0.0) for d in counters))
+        queries = float(sum(d.get("prefix_cache_queries", 0.0) for d in counters))
         return hits, queries, "server metrics"
     if not measured or all(r.cached_tokens is None for r in measured):
         return None
@@ -72,7 +92,7 @@ def _measured_rate(telemetry: Sequence[dict[str, Any] | None], records: Sequence
             float(sum(r.prompt_tokens or 0 for r in measured)), "usage.cached_tokens")
 
 
-def verify_hit_rate(target: float, telemetry: Sequence[dict[str, Any] | None],
+def verify_hit_rate(target: float, telemetry: Sequence[ServerTelemetry | None],
                     records: Sequence[RequestRecord]) -> CacheCheck:
     """Is the measured prefix-cache hit rate within 5 points of ``target``?"""
     label = f"hit rate {target:.0%}"
@@ -108,7 +128,7 @@ def expected_conversation_hits(records: Sequence[RequestRecord], block_tokens: i
     return expected, total
 
 
-def verify_conversation(telemetry: Sequence[dict[str, Any] | None], records: Sequence[RequestRecord],
+def verify_conversation(telemetry: Sequence[ServerTelemetry | None], records: Sequence[RequestRecord],
                         block_tokens: int) -> CacheCheck:
     """Did follow-up turns hit the prefix cache on their history?"""
     expected, total = expected_conversation_hits(records, block_tokens)
@@ -132,21 +152,18 @@ def verify_conversation(telemetry: Sequence[dict[str, Any] | None], records: Seq
     return CacheCheck("conversation", held, source, hits, queries, message)
 
 
-def verify(expected: str, telemetry: Sequence[dict[str, Any] | None], records: Sequence[RequestRecord],
+def verify(expected: str, telemetry: Sequence[ServerTelemetry | None], records: Sequence[RequestRecord],
            *, template_tokens: float = 0.0) -> CacheCheck:
-    """Check one run (all its trials). ``telemetry`` holds each trial's ServerTelemetry dict.
+    """Check one run (all its trials). ``telemetry`` holds each trial's ServerTelemetry.
 
     ``template_tokens`` is the chat template's own length (the prompt model's overhead): the part of
     a cold prompt before the salted user text is the same for every request and may legitimately
     hit, up to that many tokens per request.
     """
     hits = queries = 0.0
-    have_metrics = bool(telemetry) and all(
-        t and t.get("available") and "prefix_cache_hits" in (t.get("deltas") or {}) for t in telemetry
-    )
-    if have_metrics:
-        for t in telemetry:
-            deltas = t["deltas"]  # type: ignore[index]
+    counters = _cache_counters(telemetry)
+    if counters is not None:
+        for deltas in counters:
             hits += float(deltas.get("prefix_cache_hits", 0.0))
             queries += float(deltas.get("prefix_cache_queries", 0.0))
         source = "server metrics"

@@ -28,13 +28,13 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 
 from pytest_llmperf.errors import InputError
 from pytest_llmperf.records import PHASE_MEASURE, RequestRecord
-from pytest_llmperf.workload import Workload
+from pytest_llmperf.workload import Workload, WorkloadDict
 
 if TYPE_CHECKING:
     from pytest_llmperf.metrics import Summary
@@ -45,6 +45,37 @@ RunStep = Callable[[Workload], Any]  # returns a RunResult (summary, trials[].re
 
 class CapacityError(InputError):
     """Capacity search parameters that cannot work; the message names the parameter."""
+
+
+class CapacityStepDict(TypedDict):
+    """:meth:`CapacityStep.to_dict`."""
+
+    rate_rps: float
+    passed: bool
+    reason: str
+    requests: int
+    completed: int
+    attainment: float
+    goodput_rps: float
+    throughput_rps: float
+    backlog_growth_rps: float
+    overloaded: bool
+    ttft_p95_s: float | None
+    tpot_p95_s: float | None
+    itl_p95_s: float | None
+    e2e_p95_s: float | None
+    window_s: float
+
+
+class CapacityResultDict(TypedDict):
+    """:meth:`CapacityResult.to_dict`, what a saved capacity entry holds."""
+
+    capacity_rps: float | None
+    first_failing_rps: float | None
+    slo_attainment: float
+    converged: bool
+    workload: WorkloadDict | dict[str, object]
+    steps: list[CapacityStepDict]
 
 
 @dataclass(frozen=True)
@@ -67,8 +98,14 @@ class CapacityStep:
     e2e_p95_s: float | None
     window_s: float
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    def to_dict(self) -> CapacityStepDict:
+        return {
+            "rate_rps": self.rate_rps, "passed": self.passed, "reason": self.reason, "requests": self.requests,
+            "completed": self.completed, "attainment": self.attainment, "goodput_rps": self.goodput_rps,
+            "throughput_rps": self.throughput_rps, "backlog_growth_rps": self.backlog_growth_rps,
+            "overloaded": self.overloaded, "ttft_p95_s": self.ttft_p95_s, "tpot_p95_s": self.tpot_p95_s,
+            "itl_p95_s": self.itl_p95_s, "e2e_p95_s": self.e2e_p95_s, "window_s": self.window_s,
+        }
 
 
 @dataclass
@@ -79,7 +116,8 @@ class CapacityResult:
     first_failing_rps: float | None
     slo_attainment: float
     steps: list[CapacityStep] = field(default_factory=list)
-    workload: dict[str, Any] = field(default_factory=dict)
+    # The searched workload (Workload.to_dict); empty for a result built without one.
+    workload: WorkloadDict | dict[str, object] = field(default_factory=dict)
     converged: bool = False
 
     @property
@@ -96,7 +134,7 @@ class CapacityResult:
         """Statistics a baseline comparison can gate (higher is better for every one)."""
         return {} if self.capacity_rps is None else {"capacity_rps": self.capacity_rps}
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> CapacityResultDict:
         return {
             "capacity_rps": self.capacity_rps,
             "first_failing_rps": self.first_failing_rps,

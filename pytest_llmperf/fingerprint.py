@@ -12,14 +12,35 @@ import dataclasses
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from pytest_llmperf.errors import InputError, LLMPerfError
+
+if TYPE_CHECKING:
+    from pytest_llmperf.telemetry.gpu import GpuInventory
 
 # Fields holding a mapping are stored as canonical (sorted-key) JSON text so the dataclass stays
 # hashable and two fingerprints compare equal whatever order the mapping was built in.
 _JSON_FIELDS = ("sampling", "slo", "extra")
-_NO_GPU = {"gpu_name": "none", "gpu_count": 0, "gpu_driver": "none"}
+
+
+class FingerprintDict(TypedDict, total=False):
+    """:meth:`Fingerprint.to_dict`, as saved runs store it (``sampling``, ``slo`` and ``extra``
+    decoded). Every key is optional on reading: :meth:`Fingerprint.from_dict` gives a missing one
+    its default, and keeps keys written by a newer version under ``extra``."""
+
+    engine: str
+    engine_version: str
+    model: str
+    gpu_name: str
+    gpu_count: int
+    gpu_driver: str
+    sampling: dict[str, object]
+    sim_preset: str | None
+    plugin_version: str
+    workload_hash: str
+    slo: dict[str, object]
+    extra: dict[str, object]
 
 
 class FingerprintError(InputError):
@@ -83,33 +104,45 @@ class Fingerprint:
         if isinstance(self.gpu_count, bool) or not isinstance(self.gpu_count, int) or self.gpu_count < 0:
             raise FingerprintError(f"fingerprint field 'gpu_count' must be a non-negative integer, got {self.gpu_count!r}")
 
-    def mapping(self, name: str) -> dict[str, Any]:
+    def mapping(self, name: str) -> dict[str, object]:
         """The decoded value of ``sampling``, ``slo`` or ``extra``."""
         if name not in _JSON_FIELDS:
             raise FingerprintError(f"{name!r} is not a mapping field; choose one of {', '.join(_JSON_FIELDS)}")
-        return json.loads(getattr(self, name))
+        decoded: dict[str, object] = json.loads(getattr(self, name))
+        return decoded
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for f in dataclasses.fields(self):
-            out[f.name] = self.mapping(f.name) if f.name in _JSON_FIELDS else getattr(self, f.name)
-        return out
+    def to_dict(self) -> FingerprintDict:
+        return {
+            "engine": self.engine, "engine_version": self.engine_version, "model": self.model,
+            "gpu_name": self.gpu_name, "gpu_count": self.gpu_count, "gpu_driver": self.gpu_driver,
+            "sampling": self.mapping("sampling"), "sim_preset": self.sim_preset,
+            "plugin_version": self.plugin_version, "workload_hash": self.workload_hash,
+            "slo": self.mapping("slo"), "extra": self.mapping("extra"),
+        }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], source: str = "fingerprint") -> Fingerprint:
+    def from_dict(cls, data: FingerprintDict, source: str = "fingerprint") -> Fingerprint:
         """Build from :meth:`to_dict` output. Keys this version does not know (written by a newer
         plugin) are kept under ``extra`` rather than dropped, so they still take part in diffs."""
         if not isinstance(data, Mapping):
             raise FingerprintError(f"{source}: expected a mapping, got {type(data).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}
-        kwargs = {k: v for k, v in data.items() if k in known}
         unknown = {k: v for k, v in data.items() if k not in known}
+        extra: object = data.get("extra", {})
         if unknown:
-            extra = json.loads(_canonical_json(kwargs.get("extra", {}), "extra"))
-            extra.update(unknown)
-            kwargs["extra"] = extra
+            merged = json.loads(_canonical_json(extra, "extra"))
+            merged.update(unknown)
+            extra = merged
+        d = _DEFAULT
         try:
-            return cls(**kwargs)
+            return cls(
+                engine=data.get("engine", d.engine), engine_version=data.get("engine_version", d.engine_version),
+                model=data.get("model", d.model), gpu_name=data.get("gpu_name", d.gpu_name),
+                gpu_count=data.get("gpu_count", d.gpu_count), gpu_driver=data.get("gpu_driver", d.gpu_driver),
+                sampling=data.get("sampling", d.sampling), sim_preset=data.get("sim_preset", d.sim_preset),
+                plugin_version=data.get("plugin_version", d.plugin_version),
+                workload_hash=data.get("workload_hash", d.workload_hash), slo=data.get("slo", d.slo), extra=extra,
+            )
         except FingerprintError as exc:
             raise FingerprintError(f"{source}: {exc}") from None
 
@@ -120,12 +153,12 @@ class Fingerprint:
         engine: str,
         model: str,
         engine_version: str = "unknown",
-        sampling: Mapping[str, Any] | None = None,
+        sampling: Mapping[str, object] | None = None,
         sim_preset: str | None = None,
         workload: Any = None,
-        slo: Mapping[str, Any] | None = None,
-        gpu: Mapping[str, Any] | None = None,
-        extra: Mapping[str, Any] | None = None,
+        slo: Mapping[str, object] | None = None,
+        gpu: GpuInventory | None = None,
+        extra: Mapping[str, object] | None = None,
     ) -> Fingerprint:
         """Assemble a fingerprint, filling in the plugin version and the workload's content hash.
         ``gpu`` (``gpu_name``, ``gpu_count``, ``gpu_driver``) comes from the caller, which reads
@@ -134,14 +167,13 @@ class Fingerprint:
         """
         from pytest_llmperf._version import __version__
 
-        gpu_info = dict(_NO_GPU if gpu is None else gpu)
         return cls(
             engine=engine,
             engine_version=engine_version,
             model=model,
-            gpu_name=str(gpu_info.get("gpu_name", "none")),
-            gpu_count=int(gpu_info.get("gpu_count", 0)),
-            gpu_driver=str(gpu_info.get("gpu_driver", "none")),
+            gpu_name=str(gpu.get("gpu_name", "none")) if gpu is not None else "none",
+            gpu_count=int(gpu.get("gpu_count", 0)) if gpu is not None else 0,
+            gpu_driver=str(gpu.get("gpu_driver", "none")) if gpu is not None else "none",
             sampling=dict(sampling or {}),
             sim_preset=sim_preset,
             # major.minor: a patch release must not invalidate every stored baseline
@@ -152,7 +184,7 @@ class Fingerprint:
         )
 
 
-def _canonical_json(value: Any, name: str) -> str:
+def _canonical_json(value: object, name: str) -> str:
     if isinstance(value, str):
         try:
             value = json.loads(value)
@@ -166,6 +198,9 @@ def _canonical_json(value: Any, name: str) -> str:
         return json.dumps(dict(value), sort_keys=True, separators=(",", ":"))
     except (TypeError, ValueError) as exc:
         raise FingerprintError(f"fingerprint field {name!r}: not JSON-serializable: {exc}") from None
+
+
+_DEFAULT = Fingerprint()  # each field's default, for from_dict
 
 
 def valid_fields() -> tuple[str, ...]:

@@ -42,6 +42,9 @@ from pytest_llmperf.errors import LLMPerfError
 INF = "inf"
 NEG_INF = "-inf"
 
+# A float as written (:func:`encode_float`): a number, None for NaN, "inf" / "-inf" for infinities.
+JsonFloat = float | str | None
+
 # What a reader catches for text that is not JSON (json's own error, a ValueError).
 JSONDecodeError = json.JSONDecodeError
 
@@ -50,7 +53,7 @@ class NotSerializable(LLMPerfError, TypeError):
     """A value of a type JSON cannot hold and :func:`plain` does not know how to turn into data."""
 
 
-def encode_float(value: float) -> float | str | None:
+def encode_float(value: float) -> JsonFloat:
     """``value`` as written: NaN as None (``null``), ±inf as ``"inf"`` / ``"-inf"``."""
     if math.isnan(value):
         return None

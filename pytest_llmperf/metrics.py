@@ -17,7 +17,7 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, TypedDict
 
 import numpy as np
 
@@ -54,20 +54,18 @@ OUTPUT_LENGTH_MISMATCH_MAX_SHARE = 0.01
 PROMPT_LENGTH_ERROR_WARN = 0.01
 
 
-def _opt_float(value: Any) -> float | None:
+def _opt_float(value: float | str | None) -> float | None:
     return None if value is None else float(value)
 
 
-def _picked(cls: type, data: Mapping[str, Any], what: str) -> dict[str, Any]:
-    """The fields of ``cls`` out of ``data``; missing ones are an error, unknown ones are ignored
-    so a file written by a newer version that added fields still loads."""
+def _check_keys(cls: type, data: object, what: str) -> None:
+    """Raise :class:`InputError` unless ``data`` is a mapping holding every field of ``cls``;
+    unknown keys are ignored so a file written by a newer version that added fields still loads."""
     if not isinstance(data, Mapping):
         raise InputError(f"{what}: expected a mapping, got {type(data).__name__}")
-    names = [f.name for f in fields(cls)]
-    missing = [n for n in names if n not in data]
+    missing = [f.name for f in fields(cls) if f.name not in data]
     if missing:
         raise InputError(f"{what}: missing key(s) {', '.join(missing)}")
-    return {n: data[n] for n in names}
 
 
 def sample_stat(values: np.ndarray, stat: str) -> float:
@@ -82,6 +80,87 @@ def sample_stat(values: np.ndarray, stat: str) -> float:
     if stat == "max":
         return float(np.max(values))
     raise InputError(f"unknown statistic {stat!r}; valid: {', '.join(STATS + ('min',))}")
+
+
+class DistributionDict(TypedDict):
+    """:meth:`Distribution.to_dict`: the statistics of one metric, in seconds (None: no samples)."""
+
+    count: int
+    mean: float | None
+    min: float | None
+    p50: float | None
+    p90: float | None
+    p95: float | None
+    p99: float | None
+    max: float | None
+
+
+class _ValidityDictBase(TypedDict):
+    dispatch_lag_p50_s: float | None
+    dispatch_lag_p99_s: float | None
+    loop_lag_p99_s: float | None
+    littles_law_ratio: float | None
+    valid: bool
+    reasons: list[str]
+
+
+class ValidityDict(_ValidityDictBase, total=False):
+    """:meth:`Validity.to_dict`; the keys below were added later (absent in older files)."""
+
+    warnings: list[str]
+    output_short: int
+    output_long: int
+    prompt_length_error: float | None
+
+
+class _SummaryDictBase(TypedDict):
+    requests: int
+    completed: int
+    failed: int
+    cancelled: int
+    errors_by_kind: dict[str, int]
+    error_rate: float
+    window_s: float
+    window_start_s: float
+    window_end_s: float
+    ttft_s: DistributionDict
+    ttfvt_s: DistributionDict
+    tpot_s: DistributionDict
+    itl_s: DistributionDict
+    e2e_s: DistributionDict
+    input_tokens_total: int
+    output_tokens_total: int
+    input_throughput_tps: float
+    output_throughput_tps: float
+    request_throughput_rps: float
+    good_requests: int
+    goodput_rps: float
+    attainment: float
+    token_source: str
+    validity: ValidityDict
+    warmup_requests: int
+    request_types: list[str]
+    by_type: dict[str, SummaryDict]
+
+
+class SummaryDict(_SummaryDictBase, total=False):
+    """:meth:`Summary.to_dict`, the summary as saved runs and reports store it;
+    ``energy_per_output_token_j`` is absent in files written before GPU energy existed."""
+
+    energy_per_output_token_j: float | None
+
+
+# The keys of a summary's latency distributions (``Summary.ttft_s``...).
+DistributionKey = Literal["ttft_s", "ttfvt_s", "tpot_s", "itl_s", "e2e_s"]
+DISTRIBUTION_KEYS: tuple[DistributionKey, ...] = ("ttft_s", "ttfvt_s", "tpot_s", "itl_s", "e2e_s")
+
+
+def saved_distribution(summary: SummaryDict, metric: str | None) -> DistributionDict | None:
+    """The distribution of ``metric`` (``"ttft_s"``...) in a saved summary; None when it has none."""
+    for key in DISTRIBUTION_KEYS:
+        if key == metric:
+            return summary.get(key)
+    return None
 
 
 @dataclass(frozen=True)
@@ -130,13 +209,16 @@ class Distribution:
             raise InputError(f"unknown statistic {name!r}; valid: {', '.join(STATS + ('min',))}")
         return getattr(self, name)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+    def to_dict(self) -> DistributionDict:
+        return {"count": self.count, "mean": self.mean, "min": self.min, "p50": self.p50, "p90": self.p90,
+                "p95": self.p95, "p99": self.p99, "max": self.max}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Distribution:
-        raw = _picked(cls, data, "Distribution")
-        return cls(count=int(raw.pop("count")), **{k: _opt_float(v) for k, v in raw.items()})
+    def from_dict(cls, data: DistributionDict) -> Distribution:
+        _check_keys(cls, data, "Distribution")
+        return cls(count=int(data["count"]), mean=_opt_float(data["mean"]), min=_opt_float(data["min"]),
+                   p50=_opt_float(data["p50"]), p90=_opt_float(data["p90"]), p95=_opt_float(data["p95"]),
+                   p99=_opt_float(data["p99"]), max=_opt_float(data["max"]))
 
 
 @dataclass(frozen=True)
@@ -170,33 +252,33 @@ class Validity:
     output_long: int = 0
     prompt_length_error: float | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out["reasons"] = list(self.reasons)
-        out["warnings"] = list(self.warnings)
-        return out
+    def to_dict(self) -> ValidityDict:
+        return {
+            "dispatch_lag_p50_s": self.dispatch_lag_p50_s, "dispatch_lag_p99_s": self.dispatch_lag_p99_s,
+            "loop_lag_p99_s": self.loop_lag_p99_s, "littles_law_ratio": self.littles_law_ratio,
+            "valid": self.valid, "reasons": list(self.reasons), "warnings": list(self.warnings),
+            "output_short": self.output_short, "output_long": self.output_long,
+            "prompt_length_error": self.prompt_length_error,
+        }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Validity:
+    def from_dict(cls, data: ValidityDict) -> Validity:
         if isinstance(data, Mapping):
             # Fields added later default for files written before they existed.
             data = {"warnings": [], "output_short": 0, "output_long": 0, "prompt_length_error": None, **data}
-        raw = _picked(cls, data, "Validity")
+        _check_keys(cls, data, "Validity")
         return cls(
-            dispatch_lag_p50_s=_opt_float(raw["dispatch_lag_p50_s"]),
-            dispatch_lag_p99_s=_opt_float(raw["dispatch_lag_p99_s"]),
-            loop_lag_p99_s=_opt_float(raw["loop_lag_p99_s"]),
-            littles_law_ratio=_opt_float(raw["littles_law_ratio"]),
-            valid=bool(raw["valid"]),
-            reasons=[str(r) for r in raw["reasons"]],
-            warnings=[str(w) for w in raw["warnings"] or []],
-            output_short=int(raw["output_short"]),
-            output_long=int(raw["output_long"]),
-            prompt_length_error=_opt_float(raw["prompt_length_error"]),
+            dispatch_lag_p50_s=_opt_float(data["dispatch_lag_p50_s"]),
+            dispatch_lag_p99_s=_opt_float(data["dispatch_lag_p99_s"]),
+            loop_lag_p99_s=_opt_float(data["loop_lag_p99_s"]),
+            littles_law_ratio=_opt_float(data["littles_law_ratio"]),
+            valid=bool(data["valid"]),
+            reasons=[str(r) for r in data["reasons"]],
+            warnings=[str(w) for w in data.get("warnings") or []],
+            output_short=int(data.get("output_short", 0)),
+            output_long=int(data.get("output_long", 0)),
+            prompt_length_error=_opt_float(data.get("prompt_length_error")),
         )
-
-
-_DIST_FIELDS = ("ttft_s", "ttfvt_s", "tpot_s", "itl_s", "e2e_s")
 
 
 @dataclass(frozen=True)
@@ -253,41 +335,48 @@ class Summary:
             raise InputError(f"unknown metric {metric!r}; valid: {', '.join(METRICS)}")
         return getattr(self, f"{metric}_s")
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, (Distribution, Validity)):
-                value = value.to_dict()
-            elif f.name == "by_type":
-                value = {k: v.to_dict() for k, v in value.items()}
-            elif isinstance(value, dict):
-                value = dict(value)
-            elif isinstance(value, list):
-                value = list(value)
-            out[f.name] = value
-        return out
+    def to_dict(self) -> SummaryDict:
+        return {
+            "requests": self.requests, "completed": self.completed, "failed": self.failed,
+            "cancelled": self.cancelled, "errors_by_kind": dict(self.errors_by_kind), "error_rate": self.error_rate,
+            "window_s": self.window_s, "window_start_s": self.window_start_s, "window_end_s": self.window_end_s,
+            "ttft_s": self.ttft_s.to_dict(), "ttfvt_s": self.ttfvt_s.to_dict(), "tpot_s": self.tpot_s.to_dict(),
+            "itl_s": self.itl_s.to_dict(), "e2e_s": self.e2e_s.to_dict(),
+            "input_tokens_total": self.input_tokens_total, "output_tokens_total": self.output_tokens_total,
+            "input_throughput_tps": self.input_throughput_tps, "output_throughput_tps": self.output_throughput_tps,
+            "request_throughput_rps": self.request_throughput_rps, "good_requests": self.good_requests,
+            "goodput_rps": self.goodput_rps, "attainment": self.attainment, "token_source": self.token_source,
+            "validity": self.validity.to_dict(), "warmup_requests": self.warmup_requests,
+            "request_types": list(self.request_types),
+            "by_type": {k: v.to_dict() for k, v in self.by_type.items()},
+            "energy_per_output_token_j": self.energy_per_output_token_j,
+        }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Summary:
+    def from_dict(cls, data: SummaryDict) -> Summary:
         if isinstance(data, Mapping) and "energy_per_output_token_j" not in data:
             data = {**data, "energy_per_output_token_j": None}  # written before GPU energy existed
-        raw = _picked(cls, data, "Summary")
-        for name in _DIST_FIELDS:
-            raw[name] = Distribution.from_dict(raw[name])
-        raw["validity"] = Validity.from_dict(raw["validity"])
-        raw["by_type"] = {str(k): cls.from_dict(v) for k, v in (raw["by_type"] or {}).items()}
-        raw["errors_by_kind"] = {str(k): int(v) for k, v in raw["errors_by_kind"].items()}
-        raw["request_types"] = [str(t) for t in raw["request_types"]]
-        for name in ("requests", "completed", "failed", "cancelled", "input_tokens_total",
-                     "output_tokens_total", "good_requests", "warmup_requests"):
-            raw[name] = int(raw[name])
-        for name in ("error_rate", "window_s", "window_start_s", "window_end_s",
-                     "input_throughput_tps", "output_throughput_tps", "request_throughput_rps",
-                     "goodput_rps", "attainment"):
-            raw[name] = float(raw[name])
-        raw["energy_per_output_token_j"] = _opt_float(raw["energy_per_output_token_j"])
-        return cls(**raw)
+        _check_keys(cls, data, "Summary")
+        return cls(
+            requests=int(data["requests"]), completed=int(data["completed"]), failed=int(data["failed"]),
+            cancelled=int(data["cancelled"]),
+            errors_by_kind={str(k): int(v) for k, v in data["errors_by_kind"].items()},
+            error_rate=float(data["error_rate"]), window_s=float(data["window_s"]),
+            window_start_s=float(data["window_start_s"]), window_end_s=float(data["window_end_s"]),
+            ttft_s=Distribution.from_dict(data["ttft_s"]), ttfvt_s=Distribution.from_dict(data["ttfvt_s"]),
+            tpot_s=Distribution.from_dict(data["tpot_s"]), itl_s=Distribution.from_dict(data["itl_s"]),
+            e2e_s=Distribution.from_dict(data["e2e_s"]),
+            input_tokens_total=int(data["input_tokens_total"]), output_tokens_total=int(data["output_tokens_total"]),
+            input_throughput_tps=float(data["input_throughput_tps"]),
+            output_throughput_tps=float(data["output_throughput_tps"]),
+            request_throughput_rps=float(data["request_throughput_rps"]),
+            good_requests=int(data["good_requests"]), goodput_rps=float(data["goodput_rps"]),
+            attainment=float(data["attainment"]), token_source=data["token_source"],
+            validity=Validity.from_dict(data["validity"]), warmup_requests=int(data["warmup_requests"]),
+            request_types=[str(t) for t in data["request_types"]],
+            by_type={str(k): cls.from_dict(v) for k, v in (data["by_type"] or {}).items()},
+            energy_per_output_token_j=_opt_float(data.get("energy_per_output_token_j")),
+        )
 
 
 # ---------------------------------------------------------------------- per-request metrics

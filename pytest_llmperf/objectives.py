@@ -14,7 +14,7 @@ import math
 import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from pytest_llmperf.errors import InputError
 from pytest_llmperf.metrics import METRICS, STATS, Summary, censored_stat, request_itl_s, sample_stat
@@ -48,6 +48,26 @@ class LatencyThreshold:
     limit_s: float
 
 
+class SLOCheckDict(TypedDict):
+    """:meth:`SLOCheck.to_dict`."""
+
+    key: str
+    metric: str
+    stat: str
+    limit: float
+    measured: float | None
+    sample_size: int
+    passed: bool
+    unit: str
+    message: str
+    not_measured: bool
+
+
+# An SLO as its marker's keywords (:meth:`SLO.to_dict`): each threshold key with its limit, and the
+# options set (``tolerance``, ``trials``, ``request_type``).
+SLODict = dict[str, float | str]
+
+
 @dataclass(frozen=True)
 class SLOCheck:
     """One threshold checked against a summary. ``measured`` is None when there was nothing to
@@ -66,7 +86,7 @@ class SLOCheck:
     message: str
     not_measured: bool = False
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> SLOCheckDict:
         return {
             "key": self.key, "metric": self.metric, "stat": self.stat, "limit": self.limit,
             "measured": self.measured, "sample_size": self.sample_size, "passed": self.passed,
@@ -112,7 +132,7 @@ class SLO:
     source: str = field(default="@slo", compare=False)
 
     @classmethod
-    def parse(cls, mapping: Mapping[str, Any], *, source: str = "@slo") -> SLO:
+    def parse(cls, mapping: Mapping[str, object], *, source: str = "@slo") -> SLO:
         """Parse the marker's keyword dict; raise :class:`SLOError` naming any bad key or value.
 
         A key whose value is None counts as not given (so layered defaults can switch one off).
@@ -160,9 +180,9 @@ class SLO:
         rates = tuple(k for k in RATE_KEYS if getattr(self, k) is not None)
         return tuple(t.key for t in self.latency) + rates
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> SLODict:
         """The marker mapping back (only the keys that were set); ``SLO.parse`` inverts it."""
-        out: dict[str, Any] = {t.key: t.limit_s for t in self.latency}
+        out: SLODict = {t.key: t.limit_s for t in self.latency}
         for key in RATE_KEYS + OPTION_KEYS:
             value = getattr(self, key)
             if value is not None:

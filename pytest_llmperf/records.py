@@ -8,7 +8,10 @@ origin) can be merged and sorted without conversion.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
 
 PHASE_WARMUP = "warmup"
 PHASE_MEASURE = "measure"
@@ -101,13 +104,9 @@ class RequestRecord:
             return None
         return (e2e - ttft) / (self.output_tokens - 1)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
+        """Every field by name, for JSON result files (written, never read back)."""
         return {name: getattr(self, name) for name in self.__slots__}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RequestRecord:
-        known = set(cls.__slots__)
-        return cls(**{k: v for k, v in data.items() if k in known})
 
 
 @dataclass(slots=True)
@@ -129,12 +128,14 @@ class PreparedRequest:
     prompt_tokens_expected: int | None = None
     ignore_eos: bool = True
     min_tokens: int | None = None
-    sampling: dict[str, Any] = field(default_factory=dict)
-    extra_body: dict[str, Any] = field(default_factory=dict)
+    # Fields of the request body as the server reads them (temperature, seed; an engine's own
+    # ignore_eos, min_tokens...): passed through into the JSON, never read here.
+    sampling: dict[str, object] = field(default_factory=dict)
+    extra_body: dict[str, object] = field(default_factory=dict)
     # The answer must be exactly ``max_tokens`` long (ignore_eos / min_tokens were asked for).
     output_length_fixed: bool = False
     # Chat history before ``prompt`` (multi-turn): earlier user turns and the server's answers.
-    history: list[dict[str, str]] | None = None
+    history: Sequence[Mapping[str, object]] | None = None
     # Keep the answer's text in the record (the next turn of a conversation sends it back).
     keep_text: bool = False
     session: int | None = None

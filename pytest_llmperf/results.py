@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -19,10 +19,12 @@ from pytest_llmperf.metrics import Summary, summarize
 from pytest_llmperf.records import PHASE_MEASURE, RequestRecord
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
-
     from pytest_llmperf.cache_check import CacheCheck
-    from pytest_llmperf.objectives import SLO
+    from pytest_llmperf.load.prompts import TokenModelDict
+    from pytest_llmperf.load.ray_load import RayRun
+    from pytest_llmperf.objectives import SLO, SLOCheck
+    from pytest_llmperf.telemetry.gpu import GpuTelemetry
+    from pytest_llmperf.telemetry.server import ServerTelemetry
     from pytest_llmperf.timeslices import Timeslices
     from pytest_llmperf.workload import Workload
 
@@ -37,18 +39,19 @@ class TrialResult:
     loop_lag_p99_s: float
     started_at: str
     wall_s: float
-    telemetry: dict[str, Any] | None = None
-    # GPU telemetry over the trial (GpuTelemetry.to_dict()): power, energy, clocks, memory,
-    # temperature, throttle reasons; None when not sampled (remote server).
-    gpu: dict[str, Any] | None = None
+    # What the server's /metrics said over the trial; None without a metrics URL.
+    telemetry: ServerTelemetry | None = None
+    # GPU telemetry over the trial: power, energy, clocks, memory, temperature, throttle reasons;
+    # None when not sampled (remote server).
+    gpu: GpuTelemetry | None = None
     # What the prompt builder aimed for, per record; compared with the server's usage counts.
     expected_prompt_tokens: list[int | None] = field(default_factory=list)
     # An invalid trial is run once more; the reasons the first attempt was invalid are kept.
     reruns: int = 0
     rerun_reasons: list[str] = field(default_factory=list)
     # Load from several machines (Ray): where each share ran, each node's clock offset to the
-    # driver and any share that went missing (``RayRun.to_dict``); None for one machine.
-    distributed: dict[str, Any] | None = None
+    # driver and any share that went missing; None for one machine.
+    distributed: RayRun | None = None
     # Why the trial is invalid beyond what its records show (a lost node, an untrusted clock);
     # already in ``summary.validity``, kept here so pooled summaries keep them too.
     invalid_reasons: list[str] = field(default_factory=list)
@@ -73,9 +76,9 @@ class RunResult:
     base_url: str
     trials: list[TrialResult]
     summary: Summary
-    token_model: dict[str, Any]
+    token_model: TokenModelDict
     slo: SLO | None = None
-    slo_checks: list[Any] = field(default_factory=list)
+    slo_checks: list[SLOCheck] = field(default_factory=list)
     label: str = ""
     cache_check: CacheCheck | None = None
 
@@ -98,23 +101,33 @@ class RunResult:
 THROTTLE_POLICIES = ("invalid", "warn")
 
 
-def with_gpu(summary: Summary, gpu: Mapping[str, Any] | None, output_tokens: int,
+@dataclass(frozen=True)
+class PooledGpu:
+    """Several trials' GPU telemetry as one (:func:`pooled_gpu`): what :func:`with_gpu` reads of a
+    :class:`~pytest_llmperf.telemetry.gpu.GpuTelemetry`."""
+
+    available: bool
+    energy_j: float | None  # None unless every trial measured it
+    throttle_reasons: list[str]
+
+
+def with_gpu(summary: Summary, gpu: GpuTelemetry | PooledGpu | None, output_tokens: int,
              throttle: str = "invalid") -> Summary:
     """``summary`` with what GPU telemetry says about its run: energy per output token, and a run
     whose GPUs throttled for heat or power marked invalid (``throttle="invalid"``, its numbers say
     more about the cooling than the change under test) or warned about (``"warn"``).
 
-    ``gpu`` is a GpuTelemetry dict (or a pooled one with ``energy_j``, ``throttle_reasons``);
-    ``output_tokens`` every token generated while it was sampled, warm-up included.
+    ``gpu`` is one trial's GpuTelemetry or several trials' pooled one; ``output_tokens`` every
+    token generated while it was sampled, warm-up included.
     """
     if throttle not in THROTTLE_POLICIES:
         raise InputError(f"throttle policy must be one of {', '.join(THROTTLE_POLICIES)}, got {throttle!r}")
-    if not gpu or not gpu.get("available"):
+    if gpu is None or not gpu.available:
         return summary
-    energy = gpu.get("energy_j")
+    energy = gpu.energy_j
     per_token = float(energy) / output_tokens if energy is not None and output_tokens > 0 else None
     validity = summary.validity
-    reasons = list(gpu.get("throttle_reasons") or [])
+    reasons = list(gpu.throttle_reasons)
     if reasons:
         note = (f"GPU throttled during the run ({', '.join(reasons)}): clocks were held down by heat or power, "
                 "not by the workload")
@@ -130,18 +143,18 @@ def generated_tokens(records: list[RequestRecord]) -> int:
     return int(sum(r.output_tokens or 0 for r in records if r.ok))
 
 
-def pooled_gpu(trials: list[TrialResult]) -> dict[str, Any] | None:
+def pooled_gpu(trials: list[TrialResult]) -> PooledGpu | None:
     """The trials' GPU telemetry as one: total energy (None unless every trial has it) and every
-    throttle reason seen."""
-    gpus = [t.gpu for t in trials]
-    if not gpus or not all(g and g.get("available") for g in gpus):
+    throttle reason seen; None unless every trial has telemetry."""
+    gpus = [t.gpu for t in trials if t.gpu is not None and t.gpu.available]
+    if not trials or len(gpus) < len(trials):
         return None
-    energies = [g.get("energy_j") for g in gpus if g]
-    return {
-        "available": True,
-        "energy_j": float(sum(e for e in energies if e is not None)) if all(e is not None for e in energies) else None,
-        "throttle_reasons": sorted({r for g in gpus if g for r in g.get("throttle_reasons") or []}),
-    }
+    energies = [g.energy_j for g in gpus]
+    return PooledGpu(
+        available=True,
+        energy_j=float(sum(e for e in energies if e is not None)) if all(e is not None for e in energies) else None,
+        throttle_reasons=sorted({r for g in gpus for r in g.throttle_reasons}),
+    )
 
 
 def pooled_summary(trials: list[TrialResult], slo: SLO | None, throttle: str = "invalid") -> Summary:
@@ -194,5 +207,5 @@ def with_invalid_reasons(summary: Summary, reasons: list[str]) -> Summary:
     return dataclasses.replace(summary, validity=validity)
 
 
-__all__ = ["THROTTLE_POLICIES", "RunResult", "TrialResult", "at_launch", "generated_tokens", "pooled_gpu", "pooled_summary",
+__all__ = ["THROTTLE_POLICIES", "PooledGpu", "RunResult", "TrialResult", "at_launch", "generated_tokens", "pooled_gpu", "pooled_summary",
            "merge_runs", "with_gpu", "with_invalid_reasons"]

@@ -110,7 +110,7 @@ import math
 import re
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 from scipy import stats as sps
@@ -118,6 +118,7 @@ from scipy import stats as sps
 from pytest_llmperf import defaults, jsonio
 from pytest_llmperf.errors import InputError
 from pytest_llmperf.formatting import fmt_pair, fmt_pct, fmt_tolerance
+from pytest_llmperf.jsonio import JsonFloat
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -196,18 +197,32 @@ def headline_from_counts(counts: Mapping[str, int]) -> str:
     return ", ".join(parts) if parts else "no baseline comparison"
 
 
-_FLOAT_FIELDS = (
-    "baseline_value",
-    "candidate_value",
-    "change",
-    "theta",
-    "ci_low",
-    "ci_high",
-    "p_value",
-    "p_adjusted",
-    "tolerance",
-    "alpha",
-)
+class _ComparisonDictBase(TypedDict):
+    name: str
+    unit: str
+    higher_is_better: bool
+    baseline_value: JsonFloat
+    candidate_value: JsonFloat
+    change: JsonFloat
+    theta: JsonFloat
+    ci_low: JsonFloat
+    ci_high: JsonFloat
+    p_value: JsonFloat
+    p_adjusted: JsonFloat
+    tolerance: JsonFloat
+    alpha: JsonFloat
+    mode: str
+    n_baseline: int
+    n_candidate: int
+    verdict: str
+
+
+class ComparisonDict(_ComparisonDictBase, total=False):
+    """:meth:`Comparison.to_dict`: the fields by name, floats in their JSON form, the verdict's
+    value; ``reason`` and ``method`` may be absent."""
+
+    reason: str
+    method: str
 
 
 @dataclass(frozen=True)
@@ -282,15 +297,20 @@ class Comparison:
             text += f": {self.reason}"
         return text
 
-    def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["verdict"] = self.verdict.value
-        for key in _FLOAT_FIELDS:
-            data[key] = jsonio.encode_float(data[key])
-        return data
+    def to_dict(self) -> ComparisonDict:
+        enc = jsonio.encode_float
+        return {
+            "name": self.name, "unit": self.unit, "higher_is_better": self.higher_is_better,
+            "baseline_value": enc(self.baseline_value), "candidate_value": enc(self.candidate_value),
+            "change": enc(self.change), "theta": enc(self.theta), "ci_low": enc(self.ci_low),
+            "ci_high": enc(self.ci_high), "p_value": enc(self.p_value), "p_adjusted": enc(self.p_adjusted),
+            "tolerance": enc(self.tolerance), "alpha": enc(self.alpha), "mode": self.mode,
+            "n_baseline": self.n_baseline, "n_candidate": self.n_candidate, "verdict": self.verdict.value,
+            "reason": self.reason, "method": self.method,
+        }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Comparison:
+    def from_dict(cls, data: ComparisonDict) -> Comparison:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:
@@ -301,21 +321,29 @@ class Comparison:
         missing = sorted(n for n in names if n not in data and n not in optional)
         if missing:
             raise InputError(f"Comparison.from_dict: missing keys {missing}")
-        kwargs = dict(data)
-        if kwargs["mode"] not in MODES:
+        if data["mode"] not in MODES:
             raise InputError(
                 f"Comparison.from_dict: mode {data['mode']!r} is not one of {list(MODES)}"
             )
         try:
-            kwargs["verdict"] = Verdict(kwargs["verdict"])
+            verdict = Verdict(data["verdict"])
         except ValueError:
             valid = [v.value for v in Verdict]
             raise InputError(
                 f"Comparison.from_dict: verdict {data['verdict']!r} is not one of {valid}"
             ) from None
-        for key in _FLOAT_FIELDS:
-            kwargs[key] = _float_from_json(kwargs[key], key)
-        return cls(**kwargs)
+        num = _float_from_json
+        return cls(
+            name=data["name"], unit=data["unit"], higher_is_better=data["higher_is_better"],
+            baseline_value=num(data["baseline_value"], "baseline_value"),
+            candidate_value=num(data["candidate_value"], "candidate_value"),
+            change=num(data["change"], "change"), theta=num(data["theta"], "theta"),
+            ci_low=num(data["ci_low"], "ci_low"), ci_high=num(data["ci_high"], "ci_high"),
+            p_value=num(data["p_value"], "p_value"), p_adjusted=num(data["p_adjusted"], "p_adjusted"),
+            tolerance=num(data["tolerance"], "tolerance"), alpha=num(data["alpha"], "alpha"),
+            mode=data["mode"], n_baseline=data["n_baseline"], n_candidate=data["n_candidate"],
+            verdict=verdict, reason=data.get("reason", ""), method=data.get("method", ""),
+        )
 
 
 # --------------------------------------------------------------------------- decision
@@ -435,7 +463,7 @@ def compare_trials(
     _check_common(name, tolerance, alpha)
     b = _as_1d(baseline, "baseline", name)
     c = _as_1d(candidate, "candidate", name)
-    common = dict(
+    common = _Shared(
         name=name,
         unit=unit,
         higher_is_better=higher_is_better,
@@ -503,7 +531,7 @@ def compare_paired(
     _check_common(name, tolerance, alpha)
     r = _as_1d(reference, "reference", name)
     c = _as_1d(candidate, "candidate", name)
-    common = dict(
+    common = _Shared(
         name=name,
         unit=unit,
         higher_is_better=higher_is_better,
@@ -583,13 +611,12 @@ def compare_counts(
     kb, nb, kc, nc = (int(x) for x in counts)
     if kb > nb or kc > nc:
         raise InputError(f"{name}: more failures than requests ({kb}/{nb} vs {kc}/{nc})")
-    common: dict[str, Any] = dict(name=name, unit="fraction", higher_is_better=False, alpha=alpha, mode="counts",
-                                  n_baseline=nb, n_candidate=nc,
-                                  method="Fisher exact (one-sided) on pooled failures; Newcombe interval")
     pb = kb / nb if nb else math.nan
     pc = kc / nc if nc else math.nan
     tol = max(tolerance * pb, floor) if nb else floor
-    common["tolerance"] = tol
+    common = _Shared(name=name, unit="fraction", higher_is_better=False, tolerance=tol, alpha=alpha, mode="counts",
+                     n_baseline=nb, n_candidate=nc,
+                     method="Fisher exact (one-sided) on pooled failures; Newcombe interval")
     if nb == 0 or nc == 0:
         return _not_gated(common, "no measured requests on a side", baseline_value=pb, candidate_value=pc)
     z = float(sps.norm.ppf(1.0 - alpha))
@@ -608,8 +635,8 @@ def compare_counts(
         verdict = Verdict.NOT_GATED
         reason = (f"too few requests ({min(nb, nc)} on the smaller side) to bound an error rate within "
                   f"{floor * 100:g} percentage points; reported, not gated")
-    return Comparison(baseline_value=pb, candidate_value=pc, change=d, theta=theta, ci_low=lo, ci_high=hi,
-                      p_value=p, p_adjusted=p, verdict=verdict, reason=reason, **common)
+    return common.comparison(baseline_value=pb, candidate_value=pc, change=d, theta=theta, ci_low=lo, ci_high=hi,
+                             p_value=p, p_adjusted=p, verdict=verdict, reason=reason)
 
 
 def _wilson(k: int, n: int, z: float) -> tuple[float, float]:
@@ -660,7 +687,7 @@ def compare_sequences(
         raise InputError(f"{name}: block_len must be a positive integer or None, got {block_len!r}")
     b = _as_1d(baseline, "baseline", name)
     c = _as_1d(candidate, "candidate", name)
-    common: dict[str, Any] = dict(
+    common = _Shared(
         name=name,
         unit=unit,
         higher_is_better=higher_is_better,
@@ -758,10 +785,10 @@ def compare_sequences(
     lo, hi = np.quantile(theta_star, [alpha, 1.0 - alpha])
     bad_star = -theta_star if higher_is_better else theta_star
     p_worse = _bootstrap_p(bad_star)
-    common["method"] = (
+    common = dataclasses.replace(common, method=(
         f"circular block bootstrap ({n_resamples} resamples, blocks {lens[0]}/{lens[1]})"
         + (f", run CV prior {run_cv:.1%}" if run_cv > 0 else "")
-    )
+    ))
     return _build(common, b_val, c_val, theta, float(lo), float(hi), float(p_worse))
 
 
@@ -970,8 +997,35 @@ def trials_needed(
 # --------------------------------------------------------------------------- helpers
 
 
+@dataclass(frozen=True)
+class _Shared:
+    """What every :class:`Comparison` one call can return has in common (all but the numbers
+    and the verdict)."""
+
+    name: str
+    unit: str
+    higher_is_better: bool
+    tolerance: float
+    alpha: float
+    mode: str
+    n_baseline: int
+    n_candidate: int
+    method: str = ""
+
+    def comparison(self, *, baseline_value: float, candidate_value: float, change: float, theta: float,
+                   ci_low: float, ci_high: float, p_value: float, p_adjusted: float, verdict: Verdict,
+                   reason: str) -> Comparison:
+        return Comparison(
+            name=self.name, unit=self.unit, higher_is_better=self.higher_is_better,
+            baseline_value=baseline_value, candidate_value=candidate_value, change=change, theta=theta,
+            ci_low=ci_low, ci_high=ci_high, p_value=p_value, p_adjusted=p_adjusted, tolerance=self.tolerance,
+            alpha=self.alpha, mode=self.mode, n_baseline=self.n_baseline, n_candidate=self.n_candidate,
+            verdict=verdict, reason=reason, method=self.method,
+        )
+
+
 def _build(
-    common: dict[str, Any],
+    common: _Shared,
     b_val: float,
     c_val: float,
     theta: float,
@@ -986,11 +1040,11 @@ def _build(
         ci_low,
         ci_high,
         p_worse,
-        tolerance=common["tolerance"],
-        alpha=common["alpha"],
-        higher_is_better=common["higher_is_better"],
+        tolerance=common.tolerance,
+        alpha=common.alpha,
+        higher_is_better=common.higher_is_better,
     )
-    return Comparison(
+    return common.comparison(
         baseline_value=float(b_val),
         candidate_value=float(c_val),
         change=change,
@@ -1001,20 +1055,18 @@ def _build(
         p_adjusted=p_worse,
         verdict=verdict,
         reason=reason,
-        **common,
     )
 
 
 def _not_gated(
-    common: dict[str, Any],
+    common: _Shared,
     reason: str,
     *,
     baseline_value: float = math.nan,
     candidate_value: float = math.nan,
 ) -> Comparison:
     nan = math.nan
-    fields = {"method": ""} | common
-    return Comparison(
+    return common.comparison(
         baseline_value=baseline_value,
         candidate_value=candidate_value,
         change=nan,
@@ -1025,7 +1077,6 @@ def _not_gated(
         p_adjusted=nan,
         verdict=Verdict.NOT_GATED,
         reason=reason,
-        **fields,
     )
 
 
@@ -1081,7 +1132,7 @@ def _fmt_pp(v: float) -> str:
     return f"{v * 100:+.2f} pp".replace("-", "−")
 
 
-def _float_from_json(v: Any, key: str) -> float:
+def _float_from_json(v: JsonFloat, key: str) -> float:
     if v is None:
         return math.nan
     value = jsonio.decode_float(v)

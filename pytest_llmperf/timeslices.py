@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict
 
 import numpy as np
 
@@ -47,7 +47,7 @@ from pytest_llmperf.errors import InputError
 from pytest_llmperf.records import PHASE_MEASURE
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping, Sequence
+    from collections.abc import Callable, Sequence
 
     from pytest_llmperf.records import RequestRecord
 
@@ -63,6 +63,30 @@ class GaugeSample(NamedTuple):
     t_s: float
     running: float | None
     waiting: float | None
+
+
+class _TimeslicesDictBase(TypedDict):
+    timeslice_s: float
+    window_start_s: float
+    start_s: list[float]
+    length_s: list[float]
+    completed: list[int]
+    failed: list[int]
+    ttft_p50_s: list[float | None]
+    ttft_p95_s: list[float | None]
+    tpot_p50_s: list[float | None]
+    output_throughput_tps: list[float]
+    requests_running_mean: list[float | None]
+    requests_running_max: list[float | None]
+    requests_waiting_mean: list[float | None]
+    requests_waiting_max: list[float | None]
+
+
+class TimeslicesDict(_TimeslicesDictBase, total=False):
+    """:meth:`Timeslices.to_dict`: the columns as lists (a missing gauge flag reads as False)."""
+
+    gauges_available: bool
+    gauges_reason: str | None
 
 
 @dataclass(frozen=True)
@@ -91,36 +115,49 @@ class Timeslices:
     def __len__(self) -> int:
         return len(self.start_s)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v for f in fields(self)}
+    def to_dict(self) -> TimeslicesDict:
+        return {
+            "timeslice_s": self.timeslice_s, "window_start_s": self.window_start_s, "start_s": list(self.start_s),
+            "length_s": list(self.length_s), "completed": list(self.completed), "failed": list(self.failed),
+            "ttft_p50_s": list(self.ttft_p50_s), "ttft_p95_s": list(self.ttft_p95_s),
+            "tpot_p50_s": list(self.tpot_p50_s), "output_throughput_tps": list(self.output_throughput_tps),
+            "requests_running_mean": list(self.requests_running_mean),
+            "requests_running_max": list(self.requests_running_max),
+            "requests_waiting_mean": list(self.requests_waiting_mean),
+            "requests_waiting_max": list(self.requests_waiting_max),
+            "gauges_available": self.gauges_available, "gauges_reason": self.gauges_reason,
+        }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Timeslices:
-        def floats(key: str) -> tuple[float, ...]:
-            return tuple(float(v) for v in data[key])
-
-        def optional(key: str) -> tuple[float | None, ...]:
-            return tuple(None if v is None else float(v) for v in data[key])
-
-        def ints(key: str) -> tuple[int, ...]:
-            return tuple(int(v) for v in data[key])
-
-        columns: dict[str, Callable[[str], tuple[Any, ...]]] = {
-            "start_s": floats, "length_s": floats, "completed": ints, "failed": ints,
-            "ttft_p50_s": optional, "ttft_p95_s": optional, "tpot_p50_s": optional,
-            "output_throughput_tps": floats, "requests_running_mean": optional,
-            "requests_running_max": optional, "requests_waiting_mean": optional, "requests_waiting_max": optional,
-        }
-        missing = [k for k in ("timeslice_s", "window_start_s", *columns) if k not in data]
+    def from_dict(cls, data: TimeslicesDict) -> Timeslices:
+        missing = [k for k in _TimeslicesDictBase.__annotations__ if k not in data]
         if missing:
             raise InputError(f"timeslices: missing key(s) {', '.join(missing)}")
-        values = {k: read(k) for k, read in columns.items()}
-        lengths = {len(v) for v in values.values()}
-        if len(lengths) > 1:
+
+        def floats(column: list[float]) -> tuple[float, ...]:
+            return tuple(float(v) for v in column)
+
+        def optional(column: list[float | None]) -> tuple[float | None, ...]:
+            return tuple(None if v is None else float(v) for v in column)
+
+        def ints(column: list[int]) -> tuple[int, ...]:
+            return tuple(int(v) for v in column)
+
+        out = cls(
+            timeslice_s=float(data["timeslice_s"]), window_start_s=float(data["window_start_s"]),
+            start_s=floats(data["start_s"]), length_s=floats(data["length_s"]), completed=ints(data["completed"]),
+            failed=ints(data["failed"]), ttft_p50_s=optional(data["ttft_p50_s"]),
+            ttft_p95_s=optional(data["ttft_p95_s"]), tpot_p50_s=optional(data["tpot_p50_s"]),
+            output_throughput_tps=floats(data["output_throughput_tps"]),
+            requests_running_mean=optional(data["requests_running_mean"]),
+            requests_running_max=optional(data["requests_running_max"]),
+            requests_waiting_mean=optional(data["requests_waiting_mean"]),
+            requests_waiting_max=optional(data["requests_waiting_max"]),
+            gauges_available=bool(data.get("gauges_available", False)), gauges_reason=data.get("gauges_reason"),
+        )
+        if len({len(getattr(out, f.name)) for f in fields(out) if isinstance(getattr(out, f.name), tuple)}) > 1:
             raise InputError("timeslices: columns differ in length")
-        return cls(timeslice_s=float(data["timeslice_s"]), window_start_s=float(data["window_start_s"]),
-                   gauges_available=bool(data.get("gauges_available", False)),
-                   gauges_reason=data.get("gauges_reason"), **values)
+        return out
 
 
 def check_timeslice_s(timeslice_s: Any) -> float:

@@ -13,7 +13,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import InitVar, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -36,6 +36,10 @@ class WorkloadError(InputError):
 
 class NotAWorkload(WorkloadError, TypeError):
     """Something else given where a :class:`Workload` is expected (also a ``TypeError``)."""
+
+
+# A token length as written (``LengthDist.to_spec``): a fixed count, or a distribution's mapping.
+LengthSpec = int | dict[str, object]
 
 
 @dataclass(frozen=True)
@@ -159,10 +163,10 @@ class LengthDist:
         hi = self.max if self.max is not None else np.inf
         return np.clip(np.rint(raw), lo, hi).astype(np.int64)
 
-    def to_spec(self) -> Any:
+    def to_spec(self) -> LengthSpec:
         if self.dist == "fixed":
             return self.value
-        out: dict[str, Any] = {"dist": self.dist}
+        out: dict[str, object] = {"dist": self.dist}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if f.name in ("dist", "value") or value is None or value == ():
@@ -191,6 +195,54 @@ class RequestType:
             raise WorkloadError("mix: every request type needs a non-empty 'name'")
         if not (isinstance(self.weight, (int, float)) and self.weight > 0):
             raise WorkloadError(f"mix.{self.name}.weight must be positive, got {self.weight!r}")
+
+
+class RequestTypeDict(TypedDict):
+    """One entry of :meth:`Workload.to_dict`'s ``mix``."""
+
+    name: str
+    input_tokens: LengthSpec
+    output_tokens: LengthSpec
+    weight: float
+
+
+class WorkloadDict(TypedDict):
+    """:meth:`Workload.to_dict`: every field, lengths as written (:data:`LengthSpec`), a trace,
+    dataset or conversation as its spec mapping. Runs saved by older versions may lack the keys
+    of fields added since."""
+
+    input_tokens: LengthSpec
+    output_tokens: LengthSpec
+    rate_rps: float | None
+    concurrency: int | None
+    duration_s: float | None
+    num_requests: int | None
+    arrival: str
+    burstiness: float
+    warmup_s: float
+    warmup_requests: int
+    cache: str
+    prefix_tokens: int | None
+    num_prefixes: int
+    api: str
+    ignore_eos: bool
+    sampling: dict[str, object]
+    seed: int
+    mix: list[RequestTypeDict]
+    trials: int | None
+    workers: int
+    ray_address: str | None
+    ray_workers: int | None
+    timeout_s: float
+    drain_s: float | None
+    name: str | None
+    trace: dict[str, object] | None
+    dataset: dict[str, object] | None
+    conversation: dict[str, object] | None
+    cache_hit_target: float | None
+    cache_block_tokens: int
+    ramp_s: float
+    max_concurrency: int | None
 
 
 @dataclass(frozen=True)
@@ -224,7 +276,7 @@ class Workload:
     num_prefixes: int = 1
     api: str = "chat"
     ignore_eos: bool = True
-    sampling: Mapping[str, Any] = field(default_factory=dict)
+    sampling: Mapping[str, object] = field(default_factory=dict)
     seed: int = 0
     mix: tuple[RequestType, ...] = ()
     trials: int | None = None
@@ -389,10 +441,8 @@ class Workload:
         """The same workload with duration and warm-up multiplied (for smoke runs)."""
         if factor == 1.0:
             return self
-        changes: dict[str, Any] = {"warmup_s": self.warmup_s * factor}
-        if self.duration_s is not None:
-            changes["duration_s"] = self.duration_s * factor
-        return dataclasses.replace(self, **changes)
+        duration_s = None if self.duration_s is None else self.duration_s * factor
+        return dataclasses.replace(self, warmup_s=self.warmup_s * factor, duration_s=duration_s)
 
     def label(self) -> str:
         if self.trace is not None:
@@ -419,27 +469,29 @@ class Workload:
         cache = self.cache if self.cache_hit_target is None else f"hit {self.cache_hit_target:.0%}"
         return f"{self.name + ' ' if self.name else ''}{types} {load} {' '.join(bound)} {cache}".strip()
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, LengthDist):
-                value = value.to_spec()
-            elif f.name == "mix":
-                value = [
-                    {"name": m.name, "input_tokens": m.input_tokens.to_spec(),
-                     "output_tokens": m.output_tokens.to_spec(), "weight": m.weight}
-                    for m in value
-                ]
-            elif f.name == "sampling":
-                value = dict(value)
-            elif value is not None and f.name in ("trace", "dataset", "conversation"):
-                value = value.to_spec()
-            out[f.name] = value
-        return out
+    def to_dict(self) -> WorkloadDict:
+        def spec(value: Any) -> dict[str, object] | None:
+            return None if value is None else value.to_spec()
+
+        return {
+            "input_tokens": self.input_tokens.to_spec(), "output_tokens": self.output_tokens.to_spec(),
+            "rate_rps": self.rate_rps, "concurrency": self.concurrency, "duration_s": self.duration_s,
+            "num_requests": self.num_requests, "arrival": self.arrival, "burstiness": self.burstiness,
+            "warmup_s": self.warmup_s, "warmup_requests": self.warmup_requests, "cache": self.cache,
+            "prefix_tokens": self.prefix_tokens, "num_prefixes": self.num_prefixes, "api": self.api,
+            "ignore_eos": self.ignore_eos, "sampling": dict(self.sampling), "seed": self.seed,
+            "mix": [{"name": m.name, "input_tokens": m.input_tokens.to_spec(),
+                     "output_tokens": m.output_tokens.to_spec(), "weight": m.weight} for m in self.mix],
+            "trials": self.trials, "workers": self.workers, "ray_address": self.ray_address,
+            "ray_workers": self.ray_workers, "timeout_s": self.timeout_s, "drain_s": self.drain_s,
+            "name": self.name, "trace": spec(self.trace), "dataset": spec(self.dataset),
+            "conversation": spec(self.conversation), "cache_hit_target": self.cache_hit_target,
+            "cache_block_tokens": self.cache_block_tokens, "ramp_s": self.ramp_s,
+            "max_concurrency": self.max_concurrency,
+        }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], source: str = "workload") -> Workload:
+    def from_dict(cls, data: Mapping[str, object], source: str = "workload") -> Workload:
         return cls(**_checked_keys(data, cls, source))
 
     def content_hash(self) -> str:
@@ -455,19 +507,19 @@ class Workload:
         at the same path is not. A file that cannot be read fails with the reader's error naming
         the file, the line and the field. (Conversations take no file: their spec is the content.)
         """
-        data = self.to_dict()
-        for key in ("name", "trials", "workers", "ray_address", "ray_workers", "seed"):
-            data.pop(key, None)
-        if self.trace is not None:
-            data["trace"] = _by_content(data["trace"], self.trace.resolved_format, scan_trace(self.trace).digest)
-        if self.dataset is not None:
-            data["dataset"] = _by_content(data["dataset"], self.dataset.resolved_format,
+        spec = self.to_dict()
+        skipped = ("name", "trials", "workers", "ray_address", "ray_workers", "seed")
+        data: dict[str, object] = {k: v for k, v in spec.items() if k not in skipped}
+        if self.trace is not None and spec["trace"] is not None:
+            data["trace"] = _by_content(spec["trace"], self.trace.resolved_format, scan_trace(self.trace).digest)
+        if self.dataset is not None and spec["dataset"] is not None:
+            data["dataset"] = _by_content(spec["dataset"], self.dataset.resolved_format,
                                           dataset_digest(self.dataset))
         blob = json.dumps(data, sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def _by_content(spec: Mapping[str, Any], fmt: str, digest: str) -> dict[str, Any]:
+def _by_content(spec: Mapping[str, object], fmt: str, digest: str) -> dict[str, object]:
     """A file spec as hashed: the path replaced by the digest of the rows it sends; the format
     resolved (``auto`` on a ``.jsonl`` reads what ``mooncake`` reads)."""
     out = {k: v for k, v in spec.items() if k != "path"}

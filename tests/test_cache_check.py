@@ -1,9 +1,10 @@
 from pytest_llmperf.cache_check import verify
 from pytest_llmperf.records import RequestRecord
+from pytest_llmperf.telemetry.server import ServerTelemetry
 
 
 def _tel(hits, queries):
-    return {"available": True, "deltas": {"prefix_cache_hits": hits, "prefix_cache_queries": queries}}
+    return ServerTelemetry(available=True, deltas={"prefix_cache_hits": hits, "prefix_cache_queries": queries})
 
 
 def _rec(cached, prompt=100):
@@ -29,7 +30,7 @@ def test_warm_needs_hits():
 def test_falls_back_to_cached_tokens_then_unverified():
     check = verify("warm", [None], [_rec(90), _rec(80)])
     assert check.source == "usage.cached_tokens" and check.held is True
-    assert verify("cold", [{"available": False}], [_rec(None)]).held is None
+    assert verify("cold", [ServerTelemetry(available=False)], [_rec(None)]).held is None
 
 
 def test_cold_allows_hits_on_the_chat_template_only():

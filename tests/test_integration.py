@@ -45,8 +45,8 @@ def test_cold_run_has_no_prefix_hits_and_warm_run_hits_with_lower_ttft(sim):
     base = dict(input_tokens=2048, output_tokens=16, rate_rps=8, num_requests=32, warmup_requests=4, seed=3)
     cold = _run(sim, Workload(cache="cold", **base))
     warm = _run(sim, Workload(cache="warm", **base))
-    cold_tel = cold.trials[0].telemetry
-    warm_tel = warm.trials[0].telemetry
+    cold_tel = cold.trials[0].telemetry.to_dict()
+    warm_tel = warm.trials[0].telemetry.to_dict()
     assert cold_tel["available"] and warm_tel["available"]
     assert cold_tel["deltas"]["prefix_cache_hits"] == 0
     assert cold_tel["deltas"]["prefix_cache_queries"] > 0

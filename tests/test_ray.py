@@ -93,7 +93,7 @@ def test_one_process_two_local_workers_and_two_ray_workers_send_the_same_schedul
         assert other.summary.goodput_rps == pytest.approx(one.summary.goodput_rps, rel=0.05)
     assert on_ray.summary.validity.valid, on_ray.summary.validity.reasons
     # Where each share ran, and each node's clock offset to the driver, are in the result.
-    dist = on_ray.trials[0].distributed
+    dist = on_ray.trials[0].distributed.to_dict()
     assert dist["backend"] == "ray" and dist["workers"] == 2 and dist["reasons"] == []
     nodes = dist["nodes"]
     assert [n["share"] for n in nodes] == ["arrivals with index % 2 == 0", "arrivals with index % 2 == 1"]
@@ -112,7 +112,7 @@ def test_closed_loop_divides_concurrency_and_requests_over_ray_workers(sim, ray_
                  ray_address=address, ray_workers=2)
     result = Runner(sim.base_url).run(w)
     assert result.summary.requests == 40 and result.summary.completed == 40
-    nodes = result.trials[0].distributed["nodes"]
+    nodes = result.trials[0].distributed.to_dict()["nodes"]
     assert [n["share"] for n in nodes] == ["concurrency 2, 20 requests"] * 2
     assert [n["requests"] for n in nodes] == [20, 20]
 
@@ -142,7 +142,7 @@ def test_a_node_that_dies_mid_run_leaves_its_share_missing_and_the_run_invalid(s
     result = Runner(sim.base_url, ray_address="auto", ray_workers=2, rerun_invalid=False).run(w)
     killer.join()
     assert killed
-    nodes = result.trials[0].distributed["nodes"]
+    nodes = result.trials[0].distributed.to_dict()["nodes"]
     assert [n["status"] for n in nodes] == ["ok", "missing"]
     assert "ActorDiedError" in nodes[1]["error"]
     validity = result.summary.validity
@@ -152,7 +152,7 @@ def test_a_node_that_dies_mid_run_leaves_its_share_missing_and_the_run_invalid(s
     # The surviving node's records are kept: every even index, none of the odd ones.
     indices = [r.index for r in result.trials[0].records]
     assert len(indices) >= 55 and all(i % 2 == 0 for i in indices)  # 3 s at 40 req/s: 60 of 120
-    assert result.trials[0].invalid_reasons == result.trials[0].distributed["reasons"]
+    assert result.trials[0].invalid_reasons == result.trials[0].distributed.to_dict()["reasons"]
 
 
 def test_unreachable_address_fails_before_any_load_naming_the_address(ray_cluster):

@@ -695,16 +695,18 @@ def _summary():
 
 
 def test_with_gpu_energy_per_token_and_throttle_policy():
-    from pytest_llmperf.results import with_gpu
+    import dataclasses
+
+    from pytest_llmperf.results import PooledGpu, with_gpu
 
     base = _summary()
-    cool = {"available": True, "energy_j": 500.0, "throttle_reasons": []}
+    cool = PooledGpu(available=True, energy_j=500.0, throttle_reasons=[])
     assert with_gpu(base, cool, 1000).energy_per_output_token_j == 0.5
     assert with_gpu(base, cool, 1000).validity.valid
     assert with_gpu(base, None, 1000) is base
-    assert with_gpu(base, {"available": False, "reason": "no GPU"}, 1000) is base
-    assert with_gpu(base, {**cool, "energy_j": None}, 1000).energy_per_output_token_j is None
-    hot = {**cool, "throttle_reasons": ["hw_thermal_slowdown"]}
+    assert with_gpu(base, GpuTelemetry(available=False, reason="no GPU"), 1000) is base
+    assert with_gpu(base, dataclasses.replace(cool, energy_j=None), 1000).energy_per_output_token_j is None
+    hot = dataclasses.replace(cool, throttle_reasons=["hw_thermal_slowdown"])
     invalid = with_gpu(base, hot, 1000)
     assert not invalid.validity.valid
     assert "GPU throttled during the run (hw_thermal_slowdown)" in invalid.validity.reasons[-1]
@@ -734,7 +736,7 @@ def test_every_run_samples_the_gpu_and_reports_it(pytester, monkeypatch, throttl
         @slo(ttft_p95=5.0, error_rate=0.0)
         def test_gpu(llmperf):
             r = llmperf.run(Workload(input_tokens=32, output_tokens=8, concurrency=2, num_requests=6), trials=2)
-            assert [t.gpu["available"] for t in r.trials] == [True, True]
+            assert [t.gpu.available for t in r.trials] == [True, True]
             assert r.summary.energy_per_output_token_j > 0
         """
     )

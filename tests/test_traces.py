@@ -120,5 +120,5 @@ def test_replay_on_the_simulator_sends_every_row_on_time_and_hits_shared_prefixe
     lags = [r.scheduled_s - result.records[0].scheduled_s - row.offset_s for r, row in zip(result.records, trace_rows)]
     assert max(abs(x) for x in lags) < 1e-6
     assert all(r.prompt_tokens == row.input_tokens for r, row in zip(result.records, trace_rows))
-    deltas = result.trials[0].telemetry["deltas"]
+    deltas = result.trials[0].telemetry.deltas
     assert deltas["prefix_cache_hits"] > 0.3 * deltas["prefix_cache_queries"]

@@ -20,19 +20,21 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 
 from pytest_llmperf.baseline.samples import pack_samples, unpack_samples
 from pytest_llmperf.baseline.schema import GatedStat, entry_gated_stats
 from pytest_llmperf.fingerprint import Fingerprint, ensure_comparable
-from pytest_llmperf.metrics import censored_percentile
+from pytest_llmperf.jsonio import decode_float
+from pytest_llmperf.metrics import DISTRIBUTION_KEYS, censored_percentile, saved_distribution
 from pytest_llmperf.stats import (
     DEFAULT_QUICK_RUN_CV,
     MIN_TAIL_SAMPLES,
     VERDICTS,
     Comparison,
+    ComparisonDict,
     Verdict,
     compare_counts,
     compare_paired,
@@ -46,18 +48,31 @@ from pytest_llmperf.stats import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Sequence
+
+    from pytest_llmperf.baseline.samples import PackedSamples
+    from pytest_llmperf.baseline.schema import SavedEntry, SavedTrial
+    from pytest_llmperf.metrics import DistributionDict, SummaryDict
 
 
-def _sequences(entry: Mapping[str, Any], series: str) -> tuple[np.ndarray, float]:
+def _sequences(trials: Sequence[SavedTrial], series: str) -> tuple[np.ndarray, float]:
     arrays, window = [], 0.0
-    for trial in entry.get("trials", []):
+    for trial in trials:
         packed = trial.get("samples", {}).get(series)
         if packed is None:
             continue
         arrays.append(unpack_samples(packed))
         window += float(trial.get("window_s") or 0.0)
     return (np.concatenate(arrays) if arrays else np.asarray([], dtype=float)), window
+
+
+class RunComparisonDict(TypedDict):
+    """:meth:`RunComparison.to_dict`."""
+
+    key: str
+    label: str
+    allowed_diffs: list[str]
+    comparisons: list[ComparisonDict]
 
 
 @dataclass
@@ -72,15 +87,15 @@ class RunComparison:
     def regressions(self, strict: bool = False) -> list[Comparison]:
         return [c for c in self.comparisons if c.verdict.fails(strict)]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> RunComparisonDict:
         return {"key": self.key, "label": self.label, "allowed_diffs": self.allowed_diffs,
                 "comparisons": [c.to_dict() for c in self.comparisons]}
 
 
 def compare_entries(
     key: str,
-    baseline: Sequence[Mapping[str, Any]],
-    candidate: Mapping[str, Any],
+    baseline: Sequence[SavedEntry],
+    candidate: SavedEntry,
     *,
     tolerance: float,
     alpha: float,
@@ -124,8 +139,8 @@ def compare_entries(
             comp = _not_gated_stat(g, len(b_vals), len(c_vals), tolerance, alpha, why)
         else:
             series = "good" if g.metric is None else g.metric
-            b_seq, b_win = _sequences({"trials": base_trials[:1]}, series)
-            c_seq, c_win = _sequences({"trials": cand_trials}, series)
+            b_seq, b_win = _sequences(base_trials[:1], series)
+            c_seq, c_win = _sequences(cand_trials, series)
             # Quick mode cannot see run-to-run variation; a baseline with trials can tell us its size.
             known = [v for v in b_vals if v is not None and v > 0 and math.isfinite(v)]
             run_cv = estimate_run_cv(known) if len(known) >= 2 else DEFAULT_QUICK_RUN_CV
@@ -144,9 +159,10 @@ def compare_entries(
     return out
 
 
-def _invalid_reasons(entry: Mapping[str, Any], side: str) -> list[str]:
-    validity = (entry.get("summary") or {}).get("validity") or {}
-    if validity.get("valid", True):
+def _invalid_reasons(entry: SavedEntry, side: str) -> list[str]:
+    summary = entry.get("summary")
+    validity = summary.get("validity") if summary else None
+    if not validity or validity.get("valid", True):
         return []
     return [f"{side}: {r}" for r in validity.get("reasons", [])] or [f"{side} marked invalid"]
 
@@ -154,7 +170,7 @@ def _invalid_reasons(entry: Mapping[str, Any], side: str) -> list[str]:
 MIN_BEYOND_PER_TRIAL = 2
 
 
-def precision_floor(entry: Mapping[str, Any], g: GatedStat, *, measured_spread: bool = False) -> str | None:
+def precision_floor(entry: SavedEntry, g: GatedStat, *, measured_spread: bool = False) -> str | None:
     """Why a percentile cannot be judged from an entry's trials, or None when it can.
 
     A trial's q-th percentile is informative only with some samples beyond it. Judged from one
@@ -180,8 +196,8 @@ def precision_floor(entry: Mapping[str, Any], g: GatedStat, *, measured_spread: 
             n = series.size
             n_eff = float(n) if measured_spread else effective_sample_size(series)
         else:
-            summary = entry.get("summary") or {}
-            dist = summary.get(g.metric)
+            summary = entry.get("summary")
+            dist = saved_distribution(summary, g.metric) if summary else None
             if not dist:
                 continue  # neither samples nor counts: nothing to judge the precision by
             n = int(dist.get("count") or 0) // max(1, len(trials))
@@ -206,29 +222,45 @@ def precision_floor(entry: Mapping[str, Any], g: GatedStat, *, measured_spread: 
             f"{need} needed for {MIN_BEYOND_PER_TRIAL} beyond the {g.stat}; run longer trials")
 
 
-def shortened(entry: Mapping[str, Any], scale: float) -> Mapping[str, Any]:
+def shortened(entry: SavedEntry, scale: float) -> SavedEntry:
     """What ``entry``'s trials would hold if its workload ran ``scale`` times as long
     (``--llmperf-duration-scale``, which shortens timed workloads only): each trial's per-request
     samples cut to the first ⌈scale·n⌉, the summary's sample counts scaled alike. For asking
     :func:`precision_floor` about a shortened run before it is made; the entry itself when
     nothing would change."""
-    if scale >= 1 or (entry.get("workload") or {}).get("duration_s") is None:
+    workload = entry.get("workload")
+    if scale >= 1 or workload is None or workload.get("duration_s") is None:
         return entry
 
-    def cut(packed: Any) -> Any:
+    def cut(packed: PackedSamples) -> PackedSamples:
         series = unpack_samples(packed)
         keep = math.ceil(series.shape[0] * scale) if series.ndim else None
         return pack_samples(series[:keep]) if keep is not None else packed
 
-    trials = [{**t, "samples": {m: cut(v) for m, v in (t.get("samples") or {}).items()}}
-              for t in entry.get("trials") or []]
-    summary = {k: ({**v, "count": math.ceil(v["count"] * scale)} if isinstance(v, dict) and isinstance(v.get("count"), int)
-                   else v) for k, v in (entry.get("summary") or {}).items()}
-    return {**entry, "trials": trials, "summary": summary}
+    trials: list[SavedTrial] = [{**t, "samples": {m: cut(v) for m, v in (t.get("samples") or {}).items()}}
+                                for t in entry.get("trials") or []]
+    out: SavedEntry = {**entry, "trials": trials}
+    summary = entry.get("summary")
+    if summary is not None:
+        out["summary"] = _scaled_counts(summary, scale)
+    return out
 
 
-def _tail_floor(comp: Comparison, g: GatedStat, baseline: Sequence[Mapping[str, Any]],
-                candidate: Mapping[str, Any]) -> Comparison:
+def _scaled_counts(summary: SummaryDict, scale: float) -> SummaryDict:
+    """``summary`` with each distribution's sample count scaled by ``scale`` (rounded up)."""
+    def scaled(dist: DistributionDict) -> DistributionDict:
+        count = dist.get("count")
+        return {**dist, "count": math.ceil(count * scale)} if isinstance(count, int) else dist
+
+    out = summary.copy()
+    for key in DISTRIBUTION_KEYS:
+        if isinstance(out.get(key), dict):
+            out[key] = scaled(out[key])
+    return out
+
+
+def _tail_floor(comp: Comparison, g: GatedStat, baseline: Sequence[SavedEntry],
+                candidate: SavedEntry) -> Comparison:
     """A percentile needs about MIN_TAIL_SAMPLES samples beyond it (pooled over a side's trials):
     below that, each trial's "p99" is really its maximum, and it is reported, not gated. Sample
     counts come from the pooled summaries (of the request type, for a per-type statistic): the
@@ -238,12 +270,15 @@ def _tail_floor(comp: Comparison, g: GatedStat, baseline: Sequence[Mapping[str, 
         return comp
     q = float(g.stat[1:]) / 100.0
 
-    def count(entry: Mapping[str, Any]) -> int:
-        summary = entry.get("summary") or {}
+    def count(entry: SavedEntry) -> int:
+        summary = entry.get("summary")
+        if not summary:
+            return 0
         if g.request_type is not None:
-            summary = (summary.get("by_type") or {}).get(g.request_type) or summary
-        dist = summary.get(g.metric) or {}
-        n = int(dist.get("count") or 0)
+            by_type: dict[str, SummaryDict] = summary.get("by_type") or {}
+            summary = by_type.get(g.request_type) or summary
+        dist = saved_distribution(summary, g.metric)
+        n = int(dist.get("count") or 0) if dist else 0
         if g.metric != "itl_s":
             n += int(summary.get("failed") or 0) + int(summary.get("cancelled") or 0)
         return n
@@ -261,7 +296,7 @@ def _tail_floor(comp: Comparison, g: GatedStat, baseline: Sequence[Mapping[str, 
 _PERCENTILE_Q = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0}
 
 
-def trial_stat(trial: Mapping[str, Any], g: GatedStat) -> float | None:
+def trial_stat(trial: SavedTrial, g: GatedStat) -> float | None:
     """A trial's value of a gated statistic as the gate compares it (failures counted, goodput
     continuity-corrected)."""
     value = trial["stats"].get(g.key)
@@ -273,17 +308,18 @@ def trial_stat(trial: Mapping[str, Any], g: GatedStat) -> float | None:
             if recomputed is not None:
                 return recomputed
         return None if value is None else float(value)  # "inf" in a report file is +inf
-    if value is None:
+    rate = decode_float(value)
+    if rate is None:
         return None
     # Goodput is a count over a window; half a request of continuity correction keeps the log-ratio
     # defined when a side had no good request at all (a collapse to zero must read REGRESSED).
     window = float(trial.get("window_s") or 0.0)
-    return value + 0.5 / window if window > 0 else value
+    return rate + 0.5 / window if window > 0 else rate
 
 
-def _censored_from_samples(trial: Mapping[str, Any], g: GatedStat) -> float | None:
+def _censored_from_samples(trial: SavedTrial, g: GatedStat) -> float | None:
     samples = trial.get("samples") or {}
-    if g.metric not in samples or "e2e_s" not in samples:
+    if g.metric is None or g.metric not in samples or "e2e_s" not in samples:
         return None
     values = unpack_samples(samples[g.metric])
     failed = np.isnan(unpack_samples(samples["e2e_s"]))
@@ -337,15 +373,15 @@ def _compare_trial_values(g: GatedStat, b_vals: list[float], c_vals: list[float]
     return comp
 
 
-def _compare_errors(g: GatedStat, baseline: Sequence[Mapping[str, Any]], candidate: Mapping[str, Any], *,
+def _compare_errors(g: GatedStat, baseline: Sequence[SavedEntry], candidate: SavedEntry, *,
                     tolerance: float, alpha: float) -> Comparison:
     """Error rate: failed / requests from each side's pooled summaries (all pooled baseline
     entries), compared as counts (:func:`~pytest_llmperf.stats.compare_counts`)."""
-    def counts(entries: Sequence[Mapping[str, Any]]) -> tuple[int, int] | None:
+    def counts(entries: Sequence[SavedEntry]) -> tuple[int, int] | None:
         failed = total = 0
         for e in entries:
-            summary = e.get("summary") or {}
-            if "failed" not in summary or "requests" not in summary:
+            summary = e.get("summary")
+            if not summary or "failed" not in summary or "requests" not in summary:
                 return None
             failed += int(summary["failed"])
             total += int(summary["requests"])
@@ -386,7 +422,7 @@ def headline(runs: Sequence[RunComparison]) -> str:
 # ---------------------------------------------------------------------- capacity
 
 
-def compare_capacity(key: str, baseline: Mapping[str, Any], candidate: Mapping[str, Any], *,
+def compare_capacity(key: str, baseline: SavedEntry, candidate: SavedEntry, *,
                      tolerance: float, alpha: float, allow: Sequence[str] = ()) -> RunComparison:
     """Gate a capacity figure by its search brackets, not by a test statistic.
 
@@ -401,22 +437,26 @@ def compare_capacity(key: str, baseline: Mapping[str, Any], candidate: Mapping[s
     allowed = ensure_comparable(Fingerprint.from_dict(baseline["fingerprint"]),
                                 Fingerprint.from_dict(candidate["fingerprint"]), allow)
 
-    def bracket(entry: Mapping[str, Any]) -> tuple[float | None, float | None]:
-        cap = entry.get("capacity") or {}
-        return cap.get("capacity_rps"), cap.get("first_failing_rps")
+    def bracket(entry: SavedEntry) -> tuple[float | None, float | None]:
+        cap = entry.get("capacity")
+        return (None, None) if cap is None else (cap.get("capacity_rps"), cap.get("first_failing_rps"))
 
     b_lo, b_hi = bracket(baseline)
     c_lo, c_hi = bracket(candidate)
     out = RunComparison(key=key, label=candidate.get("label", key),
                         allowed_diffs=[d.describe() for d in allowed] if allowed else [])
     nan = math.nan
-    common: dict[str, Any] = dict(name="capacity_rps", unit="req/s", higher_is_better=True, theta=nan, p_value=nan,
-                  p_adjusted=nan, tolerance=tolerance, alpha=alpha, mode="search", n_baseline=1,
-                  n_candidate=1, method="capacity search brackets")
+
+    def comparison(b: float, c: float, change: float, ci_low: float, ci_high: float, verdict: Verdict,
+                   reason: str) -> Comparison:
+        return Comparison(name="capacity_rps", unit="req/s", higher_is_better=True, baseline_value=b,
+                          candidate_value=c, change=change, theta=nan, ci_low=ci_low, ci_high=ci_high, p_value=nan,
+                          p_adjusted=nan, tolerance=tolerance, alpha=alpha, mode="search", n_baseline=1,
+                          n_candidate=1, verdict=verdict, reason=reason, method="capacity search brackets")
+
     if not b_lo or not c_lo:
-        out.comparisons.append(Comparison(baseline_value=b_lo or nan, candidate_value=c_lo or nan, change=nan,
-                                          ci_low=nan, ci_high=nan, verdict=Verdict.NOT_GATED,
-                                          reason="a search found no passing rate", **common))
+        out.comparisons.append(comparison(b_lo or nan, c_lo or nan, nan, nan, nan, Verdict.NOT_GATED,
+                                          "a search found no passing rate"))
         return out
     b_hi = b_hi or b_lo
     c_hi = c_hi or c_lo
@@ -431,6 +471,5 @@ def compare_capacity(key: str, baseline: Mapping[str, Any], candidate: Mapping[s
         verdict, reason = Verdict.UNCHANGED, ""
     else:
         verdict, reason = Verdict.INCONCLUSIVE, "the search brackets overlap the tolerance; a finer precision would settle it"
-    out.comparisons.append(Comparison(baseline_value=b_lo, candidate_value=c_lo, change=change, ci_low=ci_low,
-                                      ci_high=ci_high, verdict=verdict, reason=reason, **common))
+    out.comparisons.append(comparison(b_lo, c_lo, change, ci_low, ci_high, verdict, reason))
     return out

@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -233,7 +233,7 @@ class GateSession:
         self.family_size = max(1, m)
         return self.family_size
 
-    def tolerance_for(self, entry: Mapping[str, object]) -> float:
+    def tolerance_for(self, entry: SavedEntry) -> float:
         slo = entry_slo(entry)
         return slo.tolerance if slo is not None and slo.tolerance is not None else self.settings.tolerance
 
@@ -343,11 +343,12 @@ class GateSession:
         otherwise make every clean run that lands on a bad day read REGRESSED."""
         counts = []
         for entry in self.baseline.get(key, []):
-            summary = entry.get("summary") or {}
-            if "failed" in summary and "requests" in summary and int(summary["requests"]) > 0:
+            summary = entry.get("summary")
+            if summary and "failed" in summary and "requests" in summary and int(summary["requests"]) > 0:
                 counts.append((int(summary["failed"]), int(summary["requests"])))
-        summary = candidate.get("summary") or {}
-        if len(counts) < 2 or "failed" not in summary or "requests" not in summary:
+        candidate_summary = candidate.get("summary")
+        if len(counts) < 2 or not candidate_summary or "failed" not in candidate_summary \
+                or "requests" not in candidate_summary:
             return comp
         failed = sum(f for f, _ in counts)
         total = sum(n for _, n in counts)
@@ -358,7 +359,7 @@ class GateSession:
         phi = max(1.0, chi2 / (len(counts) - 1))
         if phi <= 1.0:
             return comp
-        kc, nc = int(summary["failed"]), int(summary["requests"])
+        kc, nc = int(candidate_summary["failed"]), int(candidate_summary["requests"])
         out = compare_counts(g.key, round(failed / phi), max(1, round(total / phi)), round(kc / phi),
                              max(1, round(nc / phi)), tolerance=tolerance, alpha=self.settings.alpha)
         out = dataclasses.replace(out, baseline_value=rate, candidate_value=kc / nc if nc else math.nan,
@@ -556,12 +557,13 @@ def _settle_hint(model: StatModel) -> str:
     return "needs " + " or ".join(hints)
 
 
-def _valid(entry: Mapping[str, Any]) -> bool:
-    validity = (entry.get("summary") or {}).get("validity") or {}
-    return bool(validity.get("valid", True))
+def _valid(entry: SavedEntry) -> bool:
+    summary = entry.get("summary")
+    validity = summary.get("validity") if summary else None
+    return bool(validity.get("valid", True)) if validity else True
 
 
-def _logs(entry: Mapping[str, Any], g: GatedStat) -> SessionLogs | None:
+def _logs(entry: SavedEntry, g: GatedStat) -> SessionLogs | None:
     """A session's trial values of one statistic on the log scale, with the launch of each; None
     when any trial's value is missing or not positive (then the trial comparison stands). +inf
     (a percentile beyond every successful request) is kept: :class:`SessionLogs` counts it."""

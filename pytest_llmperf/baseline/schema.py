@@ -19,53 +19,70 @@ embeds; its JSON Schema is ``schemas/llmperf-report.schema.json``.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, TypedDict
+from typing import TYPE_CHECKING, Literal, TypedDict
 
 import numpy as np
 
 from pytest_llmperf._version import __version__
 from pytest_llmperf.baseline.samples import PackedSamples, pack_samples
-from pytest_llmperf.fingerprint import Fingerprint
-from pytest_llmperf.metrics import censored_stat, per_request_samples
-from pytest_llmperf.objectives import SLO
+from pytest_llmperf.cache_check import CacheCheckDict
+from pytest_llmperf.capacity import CapacityResultDict
+from pytest_llmperf.fingerprint import Fingerprint, FingerprintDict
+from pytest_llmperf.jsonio import JsonFloat
+from pytest_llmperf.metrics import SummaryDict, censored_stat, per_request_samples
+from pytest_llmperf.objectives import SLO, SLODict
+from pytest_llmperf.timeslices import TimeslicesDict
+from pytest_llmperf.workload import WorkloadDict
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Sequence
 
+    from pytest_llmperf.capacity import CapacityResult
+    from pytest_llmperf.metrics import Summary
+    from pytest_llmperf.records import RequestRecord
     from pytest_llmperf.results import RunResult, TrialResult
+    from pytest_llmperf.telemetry.gpu import GpuInventory
     from pytest_llmperf.workload import Workload
 
 
-class TrialEntry(TypedDict, total=False):
+class SavedTrial(TypedDict, total=False):
     """One trial: its gated statistics and compact per-request samples."""
 
     index: int
     launch: int  # which server launch of the session measured it, 0-based (absent: 0)
-    started_at: str
+    started_at: str | None
     window_s: float
     censored: bool  # latency stats count failures as +inf (absent in entries of older versions)
-    stats: dict[str, float | None]
+    # Gated statistic -> value; read back from a file, +inf is "inf" (jsonio), so decode it.
+    stats: dict[str, JsonFloat]
     samples: dict[str, PackedSamples]
-    timeslices: dict[str, Any]  # Timeslices.to_dict(); absent in entries of older versions
+    timeslices: TimeslicesDict  # absent in entries of older versions
 
 
 class SavedEntry(TypedDict, total=False):
-    """One test run (``kind`` "run", the default) or capacity search (``kind`` "capacity")."""
+    """One test run (``kind`` "run", the default) or capacity search (``kind`` "capacity").
+
+    Every part is the ``to_dict`` form of its object (``Workload``, ``SLO``, ``Fingerprint``,
+    ``Summary``, ``CacheCheck``, per trial ``ServerTelemetry`` and ``GpuTelemetry``, ``CapacityResult``).
+    """
 
     kind: Literal["run", "capacity"]
     label: str
     model: str
-    workload: dict[str, Any]
-    slo: dict[str, Any] | None
-    type_slos: list[dict[str, Any]]
-    fingerprint: dict[str, Any]
-    summary: dict[str, Any] | None
-    cache_check: dict[str, Any] | None
-    telemetry: list[Any]
-    gpu: list[Any]
-    trials: list[TrialEntry]
-    capacity: dict[str, Any]
+    workload: WorkloadDict
+    slo: SLODict | None
+    type_slos: list[SLODict]
+    fingerprint: FingerprintDict
+    summary: SummaryDict | None
+    cache_check: CacheCheckDict | None
+    # Per trial, what the server's metrics and the GPUs said (ServerTelemetry.to_dict(),
+    # GpuTelemetry.to_dict()); kept for the report, which reads them, never read here.
+    telemetry: list[Mapping[str, object] | None]
+    gpu: list[Mapping[str, object] | None]
+    trials: list[SavedTrial]
+    capacity: CapacityResultDict
 
 
 class LaunchRecord(TypedDict):
@@ -86,11 +103,11 @@ class SavedSession(_SavedSessionBase, total=False):
     launches: LaunchRecord  # absent in sessions saved before launches were recorded, or by URL
 
 
-def is_capacity(entry: Mapping[str, Any]) -> bool:
+def is_capacity(entry: SavedEntry) -> bool:
     return entry.get("kind") == "capacity"
 
 
-def entry_slo(entry: Mapping[str, Any], *, source: str | None = None) -> SLO | None:
+def entry_slo(entry: SavedEntry, *, source: str | None = None) -> SLO | None:
     """The SLO an entry was measured under (raises SLOError on a malformed one)."""
     raw = entry.get("slo")
     if not raw:
@@ -147,16 +164,16 @@ def gated_stats(slo: SLO | None, type_slos: Sequence[SLO] = ()) -> list[GatedSta
     return out
 
 
-def entry_type_slos(entry: Mapping[str, Any]) -> list[SLO]:
+def entry_type_slos(entry: SavedEntry) -> list[SLO]:
     """The per-request-type SLOs an entry was measured under (absent in older entries: none)."""
     return [SLO.parse(raw) for raw in entry.get("type_slos") or []]
 
 
-def entry_gated_stats(entry: Mapping[str, Any]) -> list[GatedStat]:
+def entry_gated_stats(entry: SavedEntry) -> list[GatedStat]:
     return gated_stats(entry_slo(entry), entry_type_slos(entry))
 
 
-def trial_value(records: Sequence[Any], summary: Any, g: GatedStat) -> float | None:
+def trial_value(records: Sequence[RequestRecord], summary: Summary, g: GatedStat) -> float | None:
     """One trial's value of a gated statistic. Latency: :func:`~pytest_llmperf.metrics.censored_stat`
     over the trial's records (of ``g.request_type`` when set), failures as +inf. Goodput: the
     summary's ``goodput_rps``. Error rate: the summary's ``error_rate`` (shown per trial; the
@@ -170,25 +187,33 @@ def trial_value(records: Sequence[Any], summary: Any, g: GatedStat) -> float | N
     return None if value is None else float(value)
 
 
-def trial_entry(trial: TrialResult, slo: SLO | None, type_slos: Sequence[SLO] = ()) -> TrialEntry:
-    samples = per_request_samples(trial.records, slo=slo)
-    start, end = trial.window_s
-    entry: TrialEntry = {
-        "index": trial.index,
-        "launch": trial.launch,
-        "started_at": trial.started_at,
-        "window_s": end - start,
-        "censored": True,
-        "stats": {g.key: trial_value(trial.records, trial.summary, g) for g in gated_stats(slo, type_slos)},
-        "samples": {name: pack_samples(np.asarray(samples[name], dtype=float)) for name in SAMPLE_SERIES if name in samples},
-    }
-    if trial.timeslices is not None:
-        entry["timeslices"] = trial.timeslices.to_dict()
+def saved_trial(*, index: int, window_s: float, stats: Mapping[str, JsonFloat],
+                samples: Mapping[str, PackedSamples] | None = None, launch: int = 0, started_at: str | None = None,
+                censored: bool = True, timeslices: TimeslicesDict | None = None) -> SavedTrial:
+    """One trial as saved: ``stats`` the gated statistics (:func:`gated_stats` keys), ``samples``
+    packed per-request series (:data:`SAMPLE_SERIES`); ``censored`` that latency statistics count
+    failures as +inf (False only for what older versions saved)."""
+    entry: SavedTrial = {"index": index, "launch": launch, "started_at": started_at, "window_s": window_s,
+                         "censored": censored, "stats": dict(stats), "samples": dict(samples or {})}
+    if timeslices is not None:
+        entry["timeslices"] = timeslices
     return entry
 
 
-def fingerprint_for(workload: Workload, model: str, slo: SLO | None, server: Any,
-                    extra: Mapping[str, Any] | None = None, gpu: Mapping[str, Any] | None = None) -> Fingerprint:
+def trial_entry(trial: TrialResult, slo: SLO | None, type_slos: Sequence[SLO] = ()) -> SavedTrial:
+    """A measured trial as saved (:func:`saved_trial`)."""
+    samples = per_request_samples(trial.records, slo=slo)
+    start, end = trial.window_s
+    return saved_trial(
+        index=trial.index, launch=trial.launch, started_at=trial.started_at, window_s=end - start,
+        stats={g.key: trial_value(trial.records, trial.summary, g) for g in gated_stats(slo, type_slos)},
+        samples={name: pack_samples(np.asarray(samples[name], dtype=float)) for name in SAMPLE_SERIES if name in samples},
+        timeslices=trial.timeslices.to_dict() if trial.timeslices is not None else None,
+    )
+
+
+def fingerprint_for(workload: Workload, model: str, slo: SLO | None, server: object,
+                    extra: Mapping[str, object] | None = None, gpu: GpuInventory | None = None) -> Fingerprint:
     """The fingerprint of a run of ``workload`` on ``server`` (a ServerInfo). ``gpu`` is this
     machine's GPU inventory (``gpu_name``, ``gpu_count``, ``gpu_driver``), read by the caller
     (the plugin, through telemetry's NVML reader; none given: no GPU). A remote server's GPUs are not
@@ -207,23 +232,42 @@ def fingerprint_for(workload: Workload, model: str, slo: SLO | None, server: Any
     )
 
 
+def saved_entry(*, label: str, fingerprint: Fingerprint, trials: Sequence[SavedTrial], summary: Summary | None,
+                slo: SLO | None = None, type_slos: Sequence[SLO] = (), model: str = "",
+                workload: Workload | None = None, cache_check: CacheCheckDict | None = None,
+                telemetry: Sequence[Mapping[str, object] | None] = (),
+                gpu: Sequence[Mapping[str, object] | None] = ()) -> SavedEntry:
+    """A run's entry from its parts (:func:`run_entry` makes one of a measured run). Only
+    per-request-type SLOs of ``type_slos`` are kept: their latency thresholds are gated per type
+    (``rag:ttft_p95``)."""
+    entry: SavedEntry = {"label": label, "model": model}
+    if workload is not None:
+        entry["workload"] = workload.to_dict()
+    entry.update({
+        "slo": slo.to_dict() if slo is not None else None,
+        "fingerprint": fingerprint.to_dict(),
+        "summary": summary.to_dict() if summary is not None else None,
+        "cache_check": cache_check,
+        "telemetry": list(telemetry),
+        "type_slos": [s.to_dict() for s in type_slos if s.request_type],
+        "gpu": list(gpu),
+        "trials": list(trials),
+    })
+    return entry
+
+
 def run_entry(result: RunResult, fingerprint: Fingerprint, type_slos: Sequence[SLO] = ()) -> SavedEntry:
     """A run as a saved entry. ``type_slos``: the test's per-request-type SLOs, whose latency
     thresholds are gated per type (``rag:ttft_p95``)."""
     typed = [s for s in type_slos if s.request_type]
-    return {
-        "label": result.label,
-        "model": result.model,
-        "workload": result.workload.to_dict(),
-        "slo": result.slo.to_dict() if result.slo is not None else None,
-        "fingerprint": fingerprint.to_dict(),
-        "summary": result.summary.to_dict(),
-        "cache_check": result.cache_check.to_dict() if result.cache_check is not None else None,
-        "telemetry": [t.telemetry for t in result.trials],
-        "type_slos": [s.to_dict() for s in typed],
-        "gpu": [t.gpu for t in result.trials],
-        "trials": [trial_entry(t, result.slo, typed) for t in result.trials],
-    }
+    return saved_entry(
+        label=result.label, model=result.model, workload=result.workload, slo=result.slo, type_slos=typed,
+        fingerprint=fingerprint, summary=result.summary,
+        cache_check=result.cache_check.to_dict() if result.cache_check is not None else None,
+        telemetry=[t.telemetry.to_dict() if t.telemetry is not None else None for t in result.trials],
+        gpu=[t.gpu.to_dict() if t.gpu is not None else None for t in result.trials],
+        trials=[trial_entry(t, result.slo, typed) for t in result.trials],
+    )
 
 
 def session_document(entries: Mapping[str, SavedEntry], launches: Sequence[float] | None = None) -> SavedSession:
@@ -239,7 +283,7 @@ def session_document(entries: Mapping[str, SavedEntry], launches: Sequence[float
     return doc
 
 
-def capacity_entry(result: Any, fingerprint: Fingerprint, label: str, slo: SLO | None = None) -> SavedEntry:
+def capacity_entry(result: CapacityResult, fingerprint: Fingerprint, label: str, slo: SLO | None = None) -> SavedEntry:
     """A capacity search as an entry: the bracket [capacity, first failing rate] it found, and the
     test's SLO (whose tolerance the gate applies, as for the test's runs)."""
     return {"kind": "capacity", "label": label, "fingerprint": fingerprint.to_dict(),
@@ -247,6 +291,7 @@ def capacity_entry(result: Any, fingerprint: Fingerprint, label: str, slo: SLO |
             "capacity": result.to_dict()}
 
 
-__all__ = ["ERROR_RATE_KEY", "GOODPUT_KEY", "TYPE_SEP", "entry_gated_stats", "entry_type_slos", "SAMPLE_SERIES", "GatedStat", "LaunchRecord", "SavedEntry", "SavedSession", "TrialEntry", "capacity_entry",
-           "entry_slo", "fingerprint_for", "gated_stats", "is_capacity", "run_entry", "session_document",
-           "trial_entry", "trial_value"]
+__all__ = ["ERROR_RATE_KEY", "GOODPUT_KEY", "TYPE_SEP", "entry_gated_stats", "entry_type_slos", "SAMPLE_SERIES",
+           "GatedStat", "LaunchRecord", "SavedEntry", "SavedSession", "SavedTrial", "capacity_entry",
+           "entry_slo", "fingerprint_for", "gated_stats", "is_capacity", "run_entry", "saved_entry", "saved_trial",
+           "session_document", "trial_entry", "trial_value"]

@@ -21,17 +21,24 @@ all on the log scale, for a suite of ``tests`` tests, each gating the statistics
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 from scipy.signal import lfilter
 
+from pytest_llmperf.baseline.schema import saved_entry, saved_trial
+from pytest_llmperf.fingerprint import Fingerprint
+from pytest_llmperf.metrics import Distribution, Validity, summarize
+from pytest_llmperf.objectives import SLO
+
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from pytest_llmperf.baseline.schema import SavedEntry
+    from pytest_llmperf.baseline.schema import SavedEntry, SavedTrial
+    from pytest_llmperf.jsonio import JsonFloat
 
 # Statistic -> (metric base latency in seconds, quantile, weight of the request noise).
 STATS: dict[str, tuple[float, float, float]] = {
@@ -41,7 +48,7 @@ STATS: dict[str, tuple[float, float, float]] = {
     "ttft_p99": (0.05, 0.99, 1.0),
 }
 LIMIT_TTFT_S = 0.12  # the per-request limit that defines goodput
-FINGERPRINT: dict[str, Any] = {"engine": "synthetic", "model": "m"}
+FINGERPRINT = Fingerprint(engine="synthetic", model="m")
 
 
 @dataclass(frozen=True)
@@ -64,7 +71,10 @@ def _requests(rng: np.random.Generator, n: int, trials: int) -> np.ndarray:
 def synthetic_session(rng: np.random.Generator, *, tests: int = 3, launches: int = 1, trials_per_launch: int = 2,
                       noise: NoiseModel | None = None, stats: tuple[str, ...] = tuple(STATS),
                       effects: Mapping[tuple[int | None, str], float] | None = None) -> dict[str, SavedEntry]:
-    """One CI job's saved ``tests`` (run key -> entry) under ``noise`` (module docstring)."""
+    """One CI job's saved ``tests`` (run key -> entry) under ``noise`` (module docstring). Each
+    entry's summary holds what the gate reads of it: request and failure counts, and the sample
+    counts of the TTFT and TPOT distributions (their statistics, throughputs and goodput are
+    empty: the trials carry the statistics)."""
     noise = noise or NoiseModel()
     effects = dict(effects or {})
     whole = effects.get((None, "latency"), 1.0)
@@ -73,16 +83,16 @@ def synthetic_session(rng: np.random.Generator, *, tests: int = 3, launches: int
     error_p = [min(0.5, noise.error_rate * math.exp(rng.normal(0, noise.error_cv) - noise.error_cv ** 2 / 2))
                for _ in range(launches)]
     out: dict[str, SavedEntry] = {}
-    slo = {s: (1.0 if s.startswith("ttft") else 0.05) for s in stats}
+    slo = SLO.parse({s: (1.0 if s.startswith("ttft") else 0.05) for s in stats})
     for j in range(tests):
-        trials: list[dict[str, Any]] = []
+        trials: list[SavedTrial] = []
         failed = 0
         for launch in range(launches):
             base = shared[launch] + rng.normal(0, noise.test_cv)
             noise_r = _requests(rng, noise.requests, trials_per_launch)
             for t in range(trials_per_launch):
                 level = base + rng.normal(0, noise.trial_cv)
-                values: dict[str, float | None] = {}
+                values: dict[str, JsonFloat] = {}
                 ttft = 0.05 * whole * np.exp(level + noise_r[t])
                 for s in stats:
                     scale, q, weight = STATS[s]
@@ -94,15 +104,13 @@ def synthetic_session(rng: np.random.Generator, *, tests: int = 3, launches: int
                 fails = int(rng.binomial(noise.requests, error_p[launch]))
                 failed += fails
                 values["error_rate"] = fails / noise.requests
-                trials.append({"index": len(trials), "launch": launch, "window_s": window, "censored": True,
-                               "stats": values})
+                trials.append(saved_trial(index=len(trials), launch=launch, window_s=window, stats=values))
         requests = noise.requests * len(trials)
-        counts = {"count": requests}
-        out[f"t.py::test_{j}#0"] = {
-            "label": f"test {j}", "fingerprint": dict(FINGERPRINT), "slo": dict(slo), "trials": trials,  # type: ignore[typeddict-item]
-            "summary": {"requests": requests, "failed": failed, "cancelled": 0, "validity": {"valid": True},
-                        "ttft_s": counts, "tpot_s": counts},
-        }
+        counts = Distribution(count=requests)
+        summary = dataclasses.replace(summarize([]), requests=requests, completed=requests - failed, failed=failed,
+                                      error_rate=failed / requests, ttft_s=counts, tpot_s=counts, validity=Validity())
+        out[f"t.py::test_{j}#0"] = saved_entry(label=f"test {j}", fingerprint=FINGERPRINT, slo=slo, trials=trials,
+                                               summary=summary)
     return out
 
 

@@ -28,14 +28,14 @@ from __future__ import annotations
 import asyncio
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 import numpy as np
 
 from pytest_llmperf.records import PHASE_MEASURE, PreparedRequest
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping, Sequence
 
     from pytest_llmperf.workload import RequestType, Workload
 
@@ -63,6 +63,15 @@ class TokenCounter(Protocol):
     async def tokenize(self, text: str | None = None, messages: list | None = None) -> list[int] | None: ...
 
 
+class TokenModelDict(TypedDict):
+    """:meth:`TokenModel.to_dict`: the fitted line and where it came from."""
+
+    slope: float
+    overhead: float
+    source: str
+    vocab_size: int
+
+
 @dataclass(frozen=True)
 class TokenModel:
     """tokens = slope · words + overhead, for prompts built from ``vocab``."""
@@ -75,7 +84,7 @@ class TokenModel:
     def words_for(self, tokens: int) -> int:
         return max(1, int(round((tokens - self.overhead) / self.slope)))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> TokenModelDict:
         return {"slope": self.slope, "overhead": self.overhead, "source": self.source,
                 "vocab_size": len(self.vocab)}
 
@@ -245,7 +254,7 @@ class PromptFactory:
         return self.finish(index, phase, " ".join(parts), input_tokens, output_tokens, rtype.name)
 
     def finish(self, index: int, phase: str, prompt: str, input_tokens: int | None, output_tokens: int,
-               request_type: str = "default", history: list[dict[str, str]] | None = None,
+               request_type: str = "default", history: Sequence[Mapping[str, object]] | None = None,
                keep_text: bool = False, session: int | None = None, turn: int | None = None) -> PreparedRequest:
         """A request from its parts, with the workload's sampling and output-length fields."""
         sampling = dict(self.workload.sampling)

@@ -43,7 +43,7 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from pytest_llmperf.errors import InputError, LLMPerfError
 from pytest_llmperf.load.loadgen import LoadOutcome, run_sync
@@ -148,6 +148,33 @@ def connect(address: str, ray: Any | None = None) -> None:
         raise RayError(f"cannot connect to the Ray cluster at {address}: {type(exc).__name__}: {text}") from None
 
 
+class NodeShareDict(TypedDict):
+    """:meth:`NodeShare.to_dict`."""
+
+    worker: int
+    node_ip: str | None
+    node_id: str | None
+    clock_offset_s: float | None
+    clock_uncertainty_s: float | None
+    clock_drift_s: float | None
+    late_start_s: float | None
+    requests: int
+    share: str
+    status: str
+    error: str | None
+
+
+class RayRunDict(TypedDict):
+    """:meth:`RayRun.to_dict`, a trial's ``distributed`` record in result files."""
+
+    backend: str
+    address: str
+    workers: int
+    local_workers: int
+    nodes: list[NodeShareDict]
+    reasons: list[str]
+
+
 @dataclass
 class NodeShare:
     """What one Ray load worker did, for the report."""
@@ -164,8 +191,11 @@ class NodeShare:
     status: str = "ok"  # ok | missing
     error: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    def to_dict(self) -> NodeShareDict:
+        return {"worker": self.worker, "node_ip": self.node_ip, "node_id": self.node_id,
+                "clock_offset_s": self.clock_offset_s, "clock_uncertainty_s": self.clock_uncertainty_s,
+                "clock_drift_s": self.clock_drift_s, "late_start_s": self.late_start_s, "requests": self.requests,
+                "share": self.share, "status": self.status, "error": self.error}
 
 
 @dataclass
@@ -178,7 +208,7 @@ class RayRun:
     nodes: list[NodeShare] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> RayRunDict:
         return {"backend": "ray", "address": self.address, "workers": self.workers,
                 "local_workers": self.local_workers, "nodes": [n.to_dict() for n in self.nodes],
                 "reasons": list(self.reasons)}

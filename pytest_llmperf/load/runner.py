@@ -56,7 +56,9 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from pytest_llmperf.cache_check import CacheCheck
+    from pytest_llmperf.load.ray_load import RayRun
     from pytest_llmperf.objectives import SLO
+    from pytest_llmperf.telemetry.gpu import GpuTelemetry
     from pytest_llmperf.timeslices import Timeslices
     from pytest_llmperf.workload import Workload
 
@@ -311,7 +313,7 @@ class Runner:
         if schedule is not None and ray_address is not None:
             raise InputError("trace replay and conversations are sent by one process; they do not run on Ray "
                              "(drop the Ray address for this workload)")
-        distributed = None
+        distributed: RayRun | None = None
         async with self._client(origin, workload) as client:
             client.model = model
             generator = LoadGenerator(
@@ -342,7 +344,7 @@ class Runner:
                         ray_workers=self.ray_workers or workload.ray_workers, local_workers=n_workers,
                         origin_s=origin, overload=self.overload)
                     expected.update(sent)
-                    distributed = ray_run.to_dict()
+                    distributed = ray_run
                 elif n_workers > 1:
                     # The factory's bound method, not ``make``: worker processes start from a
                     # fresh interpreter (forkserver/spawn) and need a picklable builder.
@@ -354,16 +356,16 @@ class Runner:
                     outcome = await generator.run()
             finally:
                 server = await sampler.stop() if sampler is not None else None
-                gpu = gpu_sampler.stop().to_dict() if gpu_sampler is not None else None
+                gpu = gpu_sampler.stop() if gpu_sampler is not None else None
         return self._trial_result(index, outcome, slo, started_at, origin, expected, server, distributed, gpu)
 
     def _trial_result(self, index: int, outcome: LoadOutcome, slo: SLO | None, started_at: str, origin: float,
                       expected: dict[int, int | None], server: ServerTelemetry | None,
-                      distributed: dict[str, Any] | None = None, gpu: dict[str, Any] | None = None) -> TrialResult:
+                      distributed: RayRun | None = None, gpu: GpuTelemetry | None = None) -> TrialResult:
         summary = summarize(outcome.records, slo=slo, window_s=outcome.window_s,
                             loop_lag_p99_s=outcome.loop_lag_p99_s)
         summary = with_gpu(summary, gpu, generated_tokens(outcome.records), self.throttle)
-        invalid = list(distributed["reasons"]) if distributed else []
+        invalid = list(distributed.reasons) if distributed is not None else []
         summary = with_invalid_reasons(summary, invalid)
         trial = TrialResult(
             index=index,
@@ -375,7 +377,7 @@ class Runner:
             started_at=started_at,
             wall_s=time.perf_counter() - origin,
             expected_prompt_tokens=[expected.get(r.index) for r in outcome.records],
-            telemetry=server.to_dict() if server is not None else None,
+            telemetry=server,
             distributed=distributed,
             invalid_reasons=invalid,
             gpu=gpu,

@@ -137,12 +137,11 @@ def _rename(item: pytest.Item, nodeid: str) -> bool:
     return item.nodeid == nodeid
 
 
-def node_payload(node: Any) -> dict[str, Any] | None:
-    """What a finished worker measured (see ``LLMPerfSession.worker_payload``), or None."""
-    from pytest_llmperf import jsonio
-
+def node_payload(node: Any) -> str | None:
+    """What a finished worker measured, as the JSON text ``LLMPerfSession.worker_payload`` wrote
+    (``LLMPerfSession.absorb`` reads it), or None."""
     raw = (getattr(node, "workeroutput", None) or {}).get(PAYLOAD_KEY)
-    return jsonio.loads(raw) if raw else None
+    return str(raw) if raw else None
 
 
 __all__ = ["DIST_KEY", "GROUP", "LOST_KEY", "PAYLOAD_KEY", "WorkerPlugin", "choose_dist", "concurrency_error", "configure",

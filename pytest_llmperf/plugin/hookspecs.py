@@ -7,11 +7,13 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from pytest_llmperf.report.model import ReportDocument
 
 
 @pytest.hookspec(firstresult=False)
-def pytest_llmperf_fingerprint_extra(config: pytest.Config, server: Any) -> dict[str, Any] | None:
+def pytest_llmperf_fingerprint_extra(config: pytest.Config, server: Any) -> Mapping[str, object] | None:
     """Fields to add to every run's fingerprint, e.g. ``{"engine_build": "abc123"}``.
 
     ``server`` is the session's :class:`~pytest_llmperf.servers.manager.ServerInfo`. The fields

@@ -395,10 +395,10 @@ class LLMPerf:
                 lines.append(f"  {digest}")
         strict = self._session.options.strict
         for comparison in self.comparisons:
-            bad = comparison.regressions(strict)
-            if bad:
+            regressed = comparison.regressions(strict)
+            if regressed:
                 lines.append(f"performance regressed against {self._against()} in {comparison.label}:")
-                lines.extend(f"  {c.verdict.value.upper()}: {c.message()}" for c in bad)
+                lines.extend(f"  {c.verdict.value.upper()}: {c.message()}" for c in regressed)
         lines.extend(self._invalid_runs())
         lines.extend(self.gate_errors)
         lines.extend(self.cache_failures)

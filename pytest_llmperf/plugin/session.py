@@ -7,7 +7,7 @@ import os
 import signal
 import threading
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import pytest
 
@@ -26,6 +26,7 @@ from pytest_llmperf.baseline.store import BaselineMissing, BaselineStore, StoreE
 from pytest_llmperf.cli.options import LLMPerfOptions, OptionError, api_key_from_env
 from pytest_llmperf.errors import pytest_flag
 from pytest_llmperf.fingerprint import FingerprintMismatch
+from pytest_llmperf.objectives import SLOCheck, SLOCheckDict
 from pytest_llmperf.plugin import distributed
 from pytest_llmperf.plugin.launch_plan import LaunchPlan
 from pytest_llmperf.plugin.state import SLO_KEY, is_perf_item, nodeid_of
@@ -35,12 +36,36 @@ from pytest_llmperf.servers.process import ProcessReaper
 from pytest_llmperf.stats import DEFAULT_TRIALS
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from pytest_llmperf.baseline.compare import RunComparison
     from pytest_llmperf.baseline.schema import LaunchRecord
     from pytest_llmperf.capacity import CapacityResult
-    from pytest_llmperf.objectives import SLOCheck
     from pytest_llmperf.report.model import LaunchReport, ReportDocument, ServerReport
     from pytest_llmperf.results import RunResult
     from pytest_llmperf.stats import Comparison
+    from pytest_llmperf.telemetry.gpu import GpuInventory
+
+
+class SummaryLines(TypedDict):
+    """The ``llmperf summary`` lines of one process's runs (``plugin.summary.summary_lines``)."""
+
+    rows: list[list[str]]
+    notes: list[str]
+    capacities: list[str]
+
+
+class WorkerPayload(TypedDict):
+    """What an xdist worker hands the controller at its end (:meth:`LLMPerfSession.worker_payload`)."""
+
+    selected: list[str]
+    entries: dict[str, SavedEntry]
+    slo_checks: dict[str, list[SLOCheckDict]]
+    outcomes: dict[str, str]
+    server: dict[str, object] | None  # ServerReport.to_json_dict()
+    server_line: str | None
+    launch_times_s: list[float]
+    summary: SummaryLines
 
 
 class LLMPerfSession:
@@ -115,9 +140,9 @@ class LLMPerfSession:
         self.remote_servers: list[str] = []
         self.remote_server: ServerReport | None = None
         self.remote_launch_times_s: list[float] = []  # the start-up times of the workers' launches
-        self.remote_summaries: list[dict[str, list[Any]]] = []
+        self.remote_summaries: list[SummaryLines] = []
         self.baselines_prepared = False
-        self._gpu_info: dict[str, Any] | None = None
+        self._gpu_info: GpuInventory | None = None
         # Before the reaper, which stops the servers first and then chains to this handler.
         self.sigterm_installed = _install_sigterm()
         self.reaper.install()
@@ -392,7 +417,7 @@ class LLMPerfSession:
         return comparison, None
 
     @property
-    def comparisons(self) -> list[Any]:
+    def comparisons(self) -> list[RunComparison]:
         return list(self.gate.runs) if self.gate is not None else []
 
     @property
@@ -401,25 +426,27 @@ class LLMPerfSession:
             return list(self.entries) if self.options.baseline else []
         return list(self.gate.missing)
 
-    def gpu_info(self) -> dict[str, Any]:
+    def gpu_info(self) -> GpuInventory:
         """This machine's GPUs for fingerprints (NVML, read once per session through the same
         reader the per-trial sampler uses; no NVML or no GPU: "none")."""
         if self._gpu_info is None:
             from pytest_llmperf.telemetry.gpu import collect_gpu
 
             self._gpu_info = collect_gpu()
-        return dict(self._gpu_info)
+        return self._gpu_info.copy()
 
-    def fingerprint_extra(self, server: ServerInfo) -> dict[str, Any]:
-        extra: dict[str, Any] = {}
-        for result in self.config.hook.pytest_llmperf_fingerprint_extra(config=self.config, server=server):
+    def fingerprint_extra(self, server: ServerInfo) -> dict[str, object]:
+        extra: dict[str, object] = {}
+        results: list[Mapping[str, object] | None]
+        results = self.config.hook.pytest_llmperf_fingerprint_extra(config=self.config, server=server)
+        for result in results:
             for key, value in (result or {}).items():
                 extra.setdefault(str(key), value)
         return extra
 
     # ------------------------------------------------------------------ pytest-xdist
 
-    def worker_payload(self, summary: dict[str, Any]) -> str:
+    def worker_payload(self, summary: SummaryLines) -> str:
         """What an xdist worker hands the controller at its end, as JSON: the saved entries (which
         the controller judges again, so verdicts and Holm are computed in one place), SLO checks,
         outcomes, the server and the summary's rows."""
@@ -427,7 +454,7 @@ class LLMPerfSession:
 
         info = self.servers.info
         server = _server_report(info)
-        payload = {
+        payload: WorkerPayload = {
             "selected": sorted(self.selected),
             "entries": self.entries,
             "slo_checks": {key: [c.to_dict() for c in checks] for key, checks in self.slo_checks.items()},
@@ -439,9 +466,12 @@ class LLMPerfSession:
         }
         return jsonio.dumps(payload)
 
-    def absorb(self, payload: dict[str, Any]) -> None:
-        """On the xdist controller: take a finished worker's measurements as if measured here."""
-        from pytest_llmperf.objectives import SLOCheck
+    def absorb(self, text: str) -> None:
+        """On the xdist controller: take a finished worker's measurements (the JSON text of
+        :meth:`worker_payload`) as if measured here."""
+        from pytest_llmperf import jsonio
+
+        payload: WorkerPayload = jsonio.loads(text)
 
         if not self.baselines_prepared:
             self.prepare_baselines(set(payload.get("selected") or ()))
@@ -458,8 +488,8 @@ class LLMPerfSession:
         line = payload.get("server_line")
         if line and line not in self.remote_servers:
             self.remote_servers.append(line)
-        summary = payload.get("summary") or {}
-        if any(summary.values()):
+        summary = payload.get("summary")
+        if summary and any(summary.values()):
             self.remote_summaries.append(summary)
 
     # ------------------------------------------------------------------ the end

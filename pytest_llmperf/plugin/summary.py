@@ -11,13 +11,13 @@ from pytest_llmperf.plugin.perf import failed_requests
 from pytest_llmperf.report.terminal import verdict_lines
 
 if TYPE_CHECKING:
-    from pytest_llmperf.plugin.session import LLMPerfSession
+    from pytest_llmperf.plugin.session import LLMPerfSession, SummaryLines
 
 
 HEADERS = ["test", "workload", "ok/req", "TTFT p50", "TTFT p95", "TPOT p50", "TPOT p95", "out tok/s", "goodput", "SLO"]
 
 
-def summary_lines(session: LLMPerfSession) -> dict[str, Any]:
+def summary_lines(session: LLMPerfSession) -> SummaryLines:
     """The per-run rows, notes and capacity lines of this process's runs, as plain data (an
     xdist worker sends them to the controller, which prints them)."""
     rows = []
@@ -63,8 +63,9 @@ def write_summary(tr: Any, session: LLMPerfSession) -> None:
         tr.write_line(f"server: {line}")
     lines = summary_lines(session)
     for worker in session.remote_summaries:
-        for key, value in worker.items():
-            lines[key].extend(value)
+        lines["rows"].extend(worker["rows"])
+        lines["notes"].extend(worker["notes"])
+        lines["capacities"].extend(worker["capacities"])
     if lines["rows"]:
         tr.write_line(table(HEADERS, lines["rows"], left=2))
     for note in lines["notes"]:

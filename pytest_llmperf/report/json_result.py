@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pytest_llmperf.results import RunResult
 
 
-def _plain(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        to_dict = getattr(value, "to_dict", None)
-        return to_dict() if callable(to_dict) else dataclasses.asdict(value)
-    return value
-
-
-def run_result_to_dict(result: Any, *, include_records: bool = True) -> dict[str, Any]:
-    out: dict[str, Any] = {
+def run_result_to_dict(result: RunResult, *, include_records: bool = True) -> dict[str, object]:
+    """Everything ``result`` measured, each part in its ``to_dict`` form: written as JSON, not read back."""
+    return {
         "label": result.label,
         "model": result.model,
         "base_url": result.base_url,
@@ -23,7 +19,7 @@ def run_result_to_dict(result: Any, *, include_records: bool = True) -> dict[str
         "token_model": result.token_model,
         "prompt_tokens_error": result.prompt_tokens_error,
         "slo": result.slo.to_dict() if result.slo is not None else None,
-        "slo_checks": [_plain(c) for c in result.slo_checks],
+        "slo_checks": [c.to_dict() for c in result.slo_checks],
         "cache_check": result.cache_check.to_dict() if result.cache_check is not None else None,
         "trials": [
             {
@@ -34,10 +30,10 @@ def run_result_to_dict(result: Any, *, include_records: bool = True) -> dict[str
                 "loop_lag_max_s": t.loop_lag_max_s,
                 "loop_lag_p99_s": t.loop_lag_p99_s,
                 "summary": t.summary.to_dict(),
-                "telemetry": t.telemetry,
+                "telemetry": t.telemetry.to_dict() if t.telemetry is not None else None,
                 # Load from several machines: nodes, clock offsets to the driver, missing shares.
-                **({"distributed": t.distributed} if t.distributed is not None else {}),
-                "gpu": t.gpu,
+                **({"distributed": t.distributed.to_dict()} if t.distributed is not None else {}),
+                "gpu": t.gpu.to_dict() if t.gpu is not None else None,
                 # Per-interval series of the measurement window (timeslices.py); None when not computed.
                 "timeslices": t.timeslices.to_dict() if t.timeslices is not None else None,
                 **({"records": [r.to_dict() for r in t.records]} if include_records else {}),
@@ -45,4 +41,3 @@ def run_result_to_dict(result: Any, *, include_records: bool = True) -> dict[str
             for t in result.trials
         ],
     }
-    return out

@@ -20,7 +20,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from pytest_llmperf.errors import InputError
 
@@ -52,7 +52,53 @@ THROTTLING_REASONS = frozenset(
 _NVML_CLOCK_SM = 1  # NVML_CLOCK_SM in nvml.h
 _NVML_TEMPERATURE_GPU = 0  # NVML_TEMPERATURE_GPU in nvml.h
 _MIB = 1024 * 1024
-NO_GPU: dict[str, Any] = {"gpu_name": "none", "gpu_count": 0, "gpu_driver": "none"}
+
+
+class GpuInventory(TypedDict):
+    """This machine's GPUs, as a run's fingerprint records them (:func:`collect_gpu`)."""
+
+    gpu_name: str
+    gpu_count: int
+    gpu_driver: str
+
+
+NO_GPU: GpuInventory = {"gpu_name": "none", "gpu_count": 0, "gpu_driver": "none"}
+
+
+class GpuDeviceStatsDict(TypedDict):
+    """:meth:`GpuDeviceStats.to_dict`."""
+
+    index: int
+    name: str
+    memory_total_bytes: int | None
+    memory_used_peak_bytes: int | None
+    utilization_mean_pct: float | None
+    utilization_max_pct: float | None
+    sm_clock_min_mhz: float | None
+    sm_clock_mean_mhz: float | None
+    power_mean_w: float | None
+    power_max_w: float | None
+    energy_j: float | None
+    temperature_mean_c: float | None
+    temperature_max_c: float | None
+    clock_event_reasons: list[str]
+    throttle_reasons: list[str]
+    samples: int
+
+
+class GpuTelemetryDict(TypedDict):
+    """:meth:`GpuTelemetry.to_dict`: the fields, and the totals derived from the devices."""
+
+    available: bool
+    reason: str | None
+    interval_s: float
+    duration_s: float | None
+    energy_j: float | None
+    power_mean_w: float | None
+    power_max_w: float | None
+    throttled: bool
+    throttle_reasons: list[str]
+    devices: list[GpuDeviceStatsDict]
 
 
 def decode_clock_event_reasons(mask: int) -> list[str]:
@@ -123,7 +169,7 @@ def visible_devices(devices: Sequence[NvmlDevice], environ: Mapping[str, str] | 
     return chosen
 
 
-def collect_gpu(nvml: Any = None, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+def collect_gpu(nvml: Any = None, environ: Mapping[str, str] | None = None) -> GpuInventory:
     """GPU name, count and driver of this machine, for a run's fingerprint.
 
     Without NVML (not installed, no driver, no GPU) the answer is name "none", count 0, driver
@@ -133,16 +179,16 @@ def collect_gpu(nvml: Any = None, environ: Mapping[str, str] | None = None) -> d
     if nvml is None:
         nvml, _ = load_nvml()
         if nvml is None:
-            return dict(NO_GPU)
+            return NO_GPU.copy()
     try:
         nvml.nvmlInit()
     except Exception:
-        return dict(NO_GPU)
+        return NO_GPU.copy()
     try:
         driver = _text(nvml.nvmlSystemGetDriverVersion())
         devices = visible_devices(list_devices(nvml), environ)
     except Exception:
-        return dict(NO_GPU)
+        return NO_GPU.copy()
     finally:
         _read(nvml.nvmlShutdown)
     if not devices:
@@ -179,7 +225,7 @@ class GpuDeviceStats:
     def throttled(self) -> bool:
         return bool(self.throttle_reasons)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> GpuDeviceStatsDict:
         return {
             "index": self.index,
             "name": self.name,
@@ -200,9 +246,17 @@ class GpuDeviceStats:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> GpuDeviceStats:
-        known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in data.items() if k in known})
+    def from_dict(cls, data: GpuDeviceStatsDict) -> GpuDeviceStats:
+        return cls(
+            index=data["index"], name=data["name"], memory_total_bytes=data.get("memory_total_bytes"),
+            memory_used_peak_bytes=data.get("memory_used_peak_bytes"),
+            utilization_mean_pct=data.get("utilization_mean_pct"), utilization_max_pct=data.get("utilization_max_pct"),
+            sm_clock_min_mhz=data.get("sm_clock_min_mhz"), sm_clock_mean_mhz=data.get("sm_clock_mean_mhz"),
+            power_mean_w=data.get("power_mean_w"), power_max_w=data.get("power_max_w"), energy_j=data.get("energy_j"),
+            temperature_mean_c=data.get("temperature_mean_c"), temperature_max_c=data.get("temperature_max_c"),
+            clock_event_reasons=list(data.get("clock_event_reasons", [])),
+            throttle_reasons=list(data.get("throttle_reasons", [])), samples=data.get("samples", 0),
+        )
 
 
 @dataclass
@@ -237,7 +291,7 @@ class GpuTelemetry:
     def throttle_reasons(self) -> list[str]:
         return sorted({r for d in self.devices for r in d.throttle_reasons})
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> GpuTelemetryDict:
         return {
             "available": self.available,
             "reason": self.reason,
@@ -252,7 +306,7 @@ class GpuTelemetry:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> GpuTelemetry:
+    def from_dict(cls, data: GpuTelemetryDict) -> GpuTelemetry:
         return cls(
             available=bool(data["available"]),
             reason=data.get("reason"),

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -128,6 +128,18 @@ class TelemetryError(InputError):
     """An exposition that cannot be read or holds nothing usable; the message says why."""
 
 
+class _SnapshotDictBase(TypedDict):
+    time_s: float
+
+
+class SnapshotDict(_SnapshotDictBase, total=False):
+    """:meth:`Snapshot.to_dict` (a missing key reads as its default)."""
+
+    values: dict[str, float]
+    engine: str
+    raw_count: int
+
+
 @dataclass
 class Snapshot:
     """One scrape, normalised.
@@ -142,7 +154,7 @@ class Snapshot:
     engine: str = "unknown"
     raw_count: int = 0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> SnapshotDict:
         return {
             "time_s": self.time_s,
             "values": dict(self.values),
@@ -151,7 +163,7 @@ class Snapshot:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Snapshot:
+    def from_dict(cls, data: SnapshotDict) -> Snapshot:
         return cls(
             time_s=float(data["time_s"]),
             values={str(k): float(v) for k, v in dict(data.get("values", {})).items()},

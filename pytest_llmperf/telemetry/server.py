@@ -11,16 +11,20 @@ import asyncio
 import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import NamedTuple, TypedDict
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
 from pytest_llmperf.errors import InputError
-from pytest_llmperf.telemetry.prometheus import COUNTERS, GAUGES, Snapshot, TelemetryError, parse_exposition
-
-if TYPE_CHECKING:
-    from collections.abc import Mapping
+from pytest_llmperf.telemetry.prometheus import (
+    COUNTERS,
+    GAUGES,
+    Snapshot,
+    SnapshotDict,
+    TelemetryError,
+    parse_exposition,
+)
 
 DEFAULT_INTERVAL_S = 1.0
 DEFAULT_TIMEOUT_S = 2.0
@@ -143,6 +147,28 @@ def _point(snapshot: Snapshot) -> SeriesPoint:
     return SeriesPoint(snapshot.time_s, v.get("running"), v.get("waiting"), v.get("kv_usage"))
 
 
+class _ServerTelemetryDictBase(TypedDict):
+    available: bool
+
+
+class ServerTelemetryDict(_ServerTelemetryDictBase, total=False):
+    """:meth:`ServerTelemetry.to_dict`; ``series`` rows are ``[t_s, running, waiting, kv_usage]``
+    (a missing key reads as its default)."""
+
+    reason: str | None
+    engine: str
+    url: str | None
+    interval_s: float
+    before: SnapshotDict | None
+    after: SnapshotDict | None
+    deltas: dict[str, float]
+    series: list[list[float | None]]
+    peaks: dict[str, float]
+    scrapes: int
+    failed_scrapes: int
+    counter_resets: list[str]
+
+
 @dataclass
 class ServerTelemetry:
     """What the server's own metrics said about one run.
@@ -177,7 +203,7 @@ class ServerTelemetry:
             return None
         return hits / queries
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ServerTelemetryDict:
         return {
             "available": self.available,
             "reason": self.reason,
@@ -195,12 +221,18 @@ class ServerTelemetry:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ServerTelemetry:
-        def snap(d: Mapping[str, Any] | None) -> Snapshot | None:
+    def from_dict(cls, data: ServerTelemetryDict) -> ServerTelemetry:
+        def snap(d: SnapshotDict | None) -> Snapshot | None:
             return Snapshot.from_dict(d) if d else None
 
-        def opt(x: Any) -> float | None:
+        def opt(x: float | None) -> float | None:
             return None if x is None else float(x)
+
+        def point(row: list[float | None]) -> SeriesPoint:
+            t_s = row[0]
+            if t_s is None:
+                raise TelemetryError(f"telemetry series: a row without its scrape time: {row!r}")
+            return SeriesPoint(float(t_s), opt(row[1]), opt(row[2]), opt(row[3]))
 
         return cls(
             available=bool(data["available"]),
@@ -211,10 +243,7 @@ class ServerTelemetry:
             before=snap(data.get("before")),
             after=snap(data.get("after")),
             deltas={str(k): float(v) for k, v in dict(data.get("deltas", {})).items()},
-            series=[
-                SeriesPoint(float(p[0]), opt(p[1]), opt(p[2]), opt(p[3]))
-                for p in data.get("series", [])
-            ],
+            series=[point(p) for p in data.get("series", [])],
             peaks={str(k): float(v) for k, v in dict(data.get("peaks", {})).items()},
             scrapes=int(data.get("scrapes", 0)),
             failed_scrapes=int(data.get("failed_scrapes", 0)),

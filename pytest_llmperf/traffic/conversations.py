@@ -87,7 +87,7 @@ class ConversationSpec:
         turns = self.turns if isinstance(self.turns, int) else f"{self.turns[0]}-{self.turns[1]}"
         return f"{turns} turns think {self.think_time_s:g}s"
 
-    def to_spec(self) -> dict[str, Any]:
+    def to_spec(self) -> dict[str, object]:
         turns = list(self.turns) if isinstance(self.turns, tuple) else self.turns
         return {"turns": turns, "think_time_s": self.think_time_s, "think": self.think,
                 "followup_tokens": self.followup_tokens}

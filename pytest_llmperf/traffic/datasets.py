@@ -92,7 +92,7 @@ class DatasetSpec:
             raise DatasetError(f"{self.path}: cannot tell the dataset format from {suffix!r}; set dataset.format")
         return found
 
-    def to_spec(self) -> dict[str, Any]:
+    def to_spec(self) -> dict[str, object]:
         return {k: v for k, v in self.__dict__.items() if v is not None}
 
 
@@ -102,7 +102,7 @@ class DatasetRow:
 
     row: int
     prompt: str | None = None
-    messages: tuple[Mapping[str, Any], ...] | None = None
+    messages: tuple[Mapping[str, object], ...] | None = None
     output_tokens: int | None = None
     # ShareGPT: the reference answer, whose token count becomes the answer length.
     output_text: str | None = None

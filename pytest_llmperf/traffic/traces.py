@@ -105,9 +105,9 @@ class TraceSpec:
         raise TraceError(f"{self.path}: cannot tell the trace format from the extension {suffix!r}; "
                          "set trace.format to mooncake or azure")
 
-    def to_spec(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"path": self.path, "format": self.format, "speedup": self.speedup,
-                               "block_tokens": self.block_tokens}
+    def to_spec(self) -> dict[str, object]:
+        out: dict[str, object] = {"path": self.path, "format": self.format, "speedup": self.speedup,
+                                  "block_tokens": self.block_tokens}
         if self.window is not None:
             out["window"] = list(self.window)
         return out
