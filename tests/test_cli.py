@@ -1,8 +1,10 @@
 import json
 
 import pytest
+import saved
 
 from pytest_llmperf.cli.main import main
+from pytest_llmperf.fingerprint import Fingerprint
 from pytest_llmperf.sim.server import SimConfig, start_in_thread
 
 
@@ -69,7 +71,7 @@ def test_unknown_sim_preset_lists_valid_ones(capsys):
 
 
 def _session(model: str) -> dict:
-    return {"tests": {"t.py::test_chat#0": {"fingerprint": {"model": model}, "trials": []}}}
+    return {"tests": {"t.py::test_chat#0": saved.entry([], fingerprint=Fingerprint(model=model))}}
 
 
 def test_a_baseline_name_opens_as_the_plugin_opens_it(tmp_path, capsys):
@@ -95,7 +97,7 @@ def test_a_baseline_name_opens_as_the_plugin_opens_it(tmp_path, capsys):
     assert open_baseline(store, "main", history=1).sessions == opened.sessions[:1]
 
     other = tmp_path / "other.json"
-    other.write_text(json.dumps({"tests": {"t.py::test_other#0": {"fingerprint": {}, "trials": []}}}))
+    other.write_text(json.dumps({"tests": {"t.py::test_other#0": saved.entry([], fingerprint=Fingerprint())}}))
     assert main(["compare", "main", str(other), "--store", str(tmp_path), "--history", "3"]) == 2
     warning, error = capsys.readouterr().err.splitlines()
     assert warning.startswith("llmperf compare: warning: skipping a history file: ")

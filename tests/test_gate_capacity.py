@@ -1,17 +1,15 @@
+import saved
+
 from pytest_llmperf.baseline.compare import compare_capacity
 from pytest_llmperf.fingerprint import Fingerprint
 from pytest_llmperf.stats import Verdict
 
-FP = Fingerprint.for_run(engine="sim", model="m", gpu={"gpu_name": "none", "gpu_count": 0, "gpu_driver": "none"}).to_dict()
-
-
-def _entry(lo, hi):
-    return {"kind": "capacity", "label": "cap", "fingerprint": FP,
-            "capacity": {"capacity_rps": lo, "first_failing_rps": hi}}
+FP = Fingerprint.for_run(engine="sim", model="m", gpu={"gpu_name": "none", "gpu_count": 0, "gpu_driver": "none"})
 
 
 def _verdict(base, cand):
-    return compare_capacity("k", _entry(*base), _entry(*cand), tolerance=0.05, alpha=0.05).comparisons[0]
+    return compare_capacity("k", saved.capacity(*base, fingerprint=FP), saved.capacity(*cand, fingerprint=FP),
+                            tolerance=0.05, alpha=0.05).comparisons[0]
 
 
 def test_capacity_brackets_decide():

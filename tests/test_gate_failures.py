@@ -9,18 +9,17 @@ import math
 
 import numpy as np
 import pytest
+import saved
 
 from pytest_llmperf.baseline.compare import compare_entries, trial_stat
 from pytest_llmperf.baseline.gate import GateSession
-from pytest_llmperf.baseline.schema import GatedStat, gated_stats, trial_entry
-from pytest_llmperf.fingerprint import Fingerprint
+from pytest_llmperf.baseline.schema import GatedStat, gated_stats
 from pytest_llmperf.metrics import censored_percentile, censored_stat, summarize
 from pytest_llmperf.objectives import SLO, check
 from pytest_llmperf.records import RequestRecord
-from pytest_llmperf.results import TrialResult, pooled_summary
+from pytest_llmperf.results import TrialResult
 from pytest_llmperf.stats import Verdict, compare_counts, compare_sequences
 
-FP = Fingerprint(engine="sim", model="m").to_dict()
 WINDOW = 200.0
 N = 1000
 
@@ -52,16 +51,14 @@ def _trial_records(seed: int, *, scale: float = 1.0, fail_slowest: float = 0.0,
     return out
 
 
-def _entry(trials: list[list[RequestRecord]], slo: SLO | None, type_slos: tuple[SLO, ...] = ()) -> dict:
+def _entry(trials: list[list[RequestRecord]], slo: SLO | None, type_slos: tuple[SLO, ...] = ()):
     results = []
     for i, recs in enumerate(trials):
         summary = summarize(recs, slo=slo, window_s=(0.0, WINDOW))
         results.append(TrialResult(index=i, records=recs, summary=summary, window_s=(0.0, WINDOW),
                                    loop_lag_max_s=0.0, loop_lag_p99_s=0.0, started_at="", wall_s=WINDOW))
-    summary = pooled_summary(results, slo).to_dict()
-    summary["validity"]["valid"] = True  # synthetic records: validity is not what these tests are about
-    return {"label": "run", "slo": slo.to_dict() if slo else None, "type_slos": [s.to_dict() for s in type_slos],
-            "fingerprint": FP, "summary": summary, "trials": [trial_entry(t, slo, type_slos) for t in results]}
+    # synthetic records: validity is not what these tests are about
+    return saved.measured_entry(results, slo, type_slos, valid=True)
 
 
 def _verdicts(run) -> dict[str, Verdict]:
@@ -249,8 +246,7 @@ def test_family_counts_only_tests_selected_by_k(pytester):
     from pytest_llmperf.baseline.schema import session_document
     from pytest_llmperf.baseline.store import BaselineStore
 
-    slo = {"ttft_p95": 1.0}
-    entry = {"label": "run", "slo": slo, "fingerprint": FP, "summary": None, "trials": []}
+    entry = saved.entry([], slo={"ttft_p95": 1.0})
     doc = session_document({"test_fam.py::test_a#0": entry, "test_fam.py::test_b#0": entry})
     BaselineStore(pytester.path / ".llmperf").save("main", doc)
     pytester.makeconftest("""

@@ -8,22 +8,19 @@ import warnings
 
 import numpy as np
 import pytest
+import saved
 
 from pytest_llmperf.baseline.history import change_points, load_history, session_value
 from pytest_llmperf.baseline.store import BaselineStore, StoreWarning
 from pytest_llmperf.cli.main import main as cli_main
 
 KEY = "test_chat.py::test_chat#0"
-FINGERPRINT = {"engine": "sim", "model": "m"}
 
 
-def _entry(level: float, rng: np.random.Generator, trials: int = 3) -> dict:
-    return {
-        "label": "chat", "fingerprint": FINGERPRINT, "slo": {"tpot_p50": 0.01}, "summary": {},
-        "trials": [{"index": i, "window_s": 5.0,
-                    "stats": {"tpot_p50": level * math.exp(rng.normal(0, 0.01)), "goodput": 10.0}}
-                   for i in range(trials)],
-    }
+def _entry(level: float, rng: np.random.Generator, trials: int = 3):
+    return saved.entry([saved.trial(i, window_s=5.0, stats={"tpot_p50": level * math.exp(rng.normal(0, 0.01)),
+                                                                "goodput": 10.0})
+                          for i in range(trials)], label="chat", slo={"tpot_p50": 0.01})
 
 
 def _store(tmp_path, levels, seed=0):
@@ -36,9 +33,10 @@ def _store(tmp_path, levels, seed=0):
 
 
 def test_session_value_is_the_geometric_mean_of_trials():
-    entry = {"trials": [{"stats": {"x": 1.0}}, {"stats": {"x": 4.0}}, {"stats": {"x": None}}]}
+    entry = saved.entry([saved.trial(stats={"x": 1.0}), saved.trial(stats={"x": 4.0}),
+                           saved.trial(stats={"x": None})])
     assert session_value(entry, "x") == pytest.approx(2.0)
-    assert session_value({"trials": []}, "x") is None
+    assert session_value(saved.entry([]), "x") is None
 
 
 def test_a_step_is_found_where_it_happened():

@@ -7,6 +7,7 @@ import xml.etree.ElementTree as ET
 
 import numpy as np
 import pytest
+import saved
 
 from pytest_llmperf import Workload
 from pytest_llmperf.baseline.compare import RunComparison
@@ -61,12 +62,11 @@ def make_trials(rng, ttft_ms, tpot_ms, *, n=150, trials=3, failed=2):
         tpot = rng.normal(tpot_ms / 1e3, tpot_ms / 1e5 * 2, n)
         ttft[:failed] = np.nan  # failed requests are NaN in the packed samples
         tpot[:failed] = np.nan
-        out.append({
-            "index": i, "started_at": None, "window_s": 10.0,
-            "stats": {"ttft_p95": float(np.nanquantile(ttft, 0.95)), "goodput": 14.0},
-            "samples": {"ttft_s": pack_samples(ttft), "tpot_s": pack_samples(tpot),
-                        "good": pack_samples(np.isfinite(ttft).astype(float))},
-        })
+        out.append(saved.trial(
+            i, window_s=10.0, stats={"ttft_p95": float(np.nanquantile(ttft, 0.95)), "goodput": 14.0},
+            samples={"ttft_s": pack_samples(ttft), "tpot_s": pack_samples(tpot),
+                     "good": pack_samples(np.isfinite(ttft).astype(float))},
+        ))
     return out
 
 
@@ -78,11 +78,8 @@ def pooled(trials, name):
 def make_entry(label_workload, slo, trials, *, goodput_rps=14.0, invalid=()):
     summary = make_summary(pooled(trials, "ttft_s"), pooled(trials, "tpot_s"), goodput_rps=goodput_rps,
                            window_s=10.0 * len(trials), invalid=invalid)
-    return {
-        "label": label_workload.label(), "model": "m", "workload": label_workload.to_dict(),
-        "slo": slo.to_dict(), "fingerprint": {"engine": "sim", "model": "m"},
-        "summary": summary.to_dict(), "trials": trials,
-    }, summary
+    return saved.entry(trials, label=label_workload.label(), model="m", workload=label_workload, slo=slo,
+                         summary=summary), summary
 
 
 def cmp(name, base, cand, *, unit="s", higher=False):

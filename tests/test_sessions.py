@@ -6,10 +6,12 @@ statistic with no evidence of its own, the percentile floor in session mode, fai
 (+inf) trials, error rates that vary between sessions, and a move in main's newest sessions.
 """
 
+import dataclasses
 import math
 
 import numpy as np
 import pytest
+import saved
 
 from pytest_llmperf.baseline.compare import precision_floor
 from pytest_llmperf.baseline.gate import GateSession, GateSettings
@@ -26,6 +28,7 @@ from pytest_llmperf.baseline.sessions import (
     total_test,
 )
 from pytest_llmperf.baseline.synthetic import NoiseModel, synthetic_session
+from pytest_llmperf.metrics import Distribution, summarize
 from pytest_llmperf.stats import Verdict
 
 KEY = "t.py::test_0#0"
@@ -136,7 +139,8 @@ def test_session_wide_shift_flags_only_statistics_with_their_own_evidence():
 def test_percentile_floor_in_session_mode_counts_the_tail_not_the_bulk():
     g95 = GatedStat("ttft_p95", "ttft_s", "p95", False, "s")
     g99 = GatedStat("ttft_p99", "ttft_s", "p99", False, "s")
-    entry = {"trials": [{"stats": {}} for _ in range(4)], "summary": {"ttft_s": {"count": 181 * 4}}}
+    summary = dataclasses.replace(summarize([]), ttft_s=Distribution(count=181 * 4))
+    entry = saved.entry([saved.trial(i, stats={}) for i in range(4)], summary=summary)
     assert precision_floor(entry, g95, measured_spread=True) is None  # 9 beyond per trial, 36 in all
     reason = precision_floor(entry, g99, measured_spread=True)
     assert reason is not None and "p99 cannot be judged" in reason

@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+import saved
 
 from pytest_llmperf.errors import InputError
 from pytest_llmperf.metrics import summarize
@@ -238,9 +239,8 @@ def _doc_with_timeslices(gauges):
 
     records = [ok(0, 0.0, 0.1, 0.6, 6), ok(1, 2.0, 2.3, 2.9, 4), failed(2, 3.5, 4.0)]
     ts = compute_timeslices(records, (0.0, 4.5), 1.0, gauges=gauges, gauges_reason="GET /metrics answered HTTP 404")
-    trial = {"index": 0, "started_at": None, "window_s": 4.5, "stats": {"goodput": 0.5}, "timeslices": ts.to_dict()}
-    entry = {"label": "l", "workload": None, "fingerprint": None, "slo": None, "summary": None,
-             "trials": [trial, dict(trial, index=1)]}
+    entry = saved.entry([saved.trial(i, window_s=4.5, stats={"goodput": 0.5}, timeslices=ts) for i in (0, 1)],
+                        label="l")
     return build_document({"perf/test_a.py::test_a#0": entry})
 
 
