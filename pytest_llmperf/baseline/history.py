@@ -54,7 +54,7 @@ import math
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -66,11 +66,12 @@ if TYPE_CHECKING:
 
     from pytest_llmperf.baseline.schema import SavedEntry
     from pytest_llmperf.baseline.store import BaselineStore, RebaseMark, SavedRun, StorePath
+    from pytest_llmperf.fingerprint import FingerprintDict
 
 MIN_SEGMENT = 2
 
 
-def session_value(entry: Mapping[str, Any], stat: str) -> float | None:
+def session_value(entry: SavedEntry, stat: str) -> float | None:
     """Geometric mean of ``stat`` over an entry's trials (None when no trial has a positive value)."""
     values = [t.get("stats", {}).get(stat) for t in entry.get("trials") or []]
     logs = [math.log(v) for v in values if isinstance(v, (int, float)) and v > 0 and math.isfinite(v)]
@@ -196,26 +197,27 @@ class History:
     def series(self, *, alpha: float = 0.01) -> list[StatSeries]:
         """Every (test run, gated statistic) with at least one session value, oldest first, with
         change points among sessions measured on the newest session's setup."""
-        newest: dict[str, Any] = {}
-        for run in self.runs:
-            for key, entry in (run.run.get("tests") or {}).items():
+        sessions = [(run.run_id, session_tests(run)) for run in self.runs]
+        newest: dict[str, FingerprintDict | None] = {}
+        for _, tests in sessions:
+            for key, entry in tests.items():
                 newest.setdefault(key, entry.get("fingerprint"))
         out = []
         for key in sorted(newest):
             stats: list[str] = []
-            for run in self.runs:
-                entry = (run.run.get("tests") or {}).get(key)
-                for trial in (entry or {}).get("trials") or []:
+            for _, tests in sessions:
+                found = tests.get(key)
+                for trial in (found.get("trials") or [] if found else []):
                     stats.extend(s for s in trial.get("stats", {}) if s not in stats)
             for stat in stats:
                 ids, values = [], []
-                for run in reversed(self.runs):
-                    entry = (run.run.get("tests") or {}).get(key)
-                    if not entry or entry.get("fingerprint") != newest[key]:
+                for run_id, tests in reversed(sessions):
+                    candidate = tests.get(key)
+                    if not candidate or candidate.get("fingerprint") != newest[key]:
                         continue
-                    value = session_value(entry, stat)
+                    value = session_value(candidate, stat)
                     if value is not None:
-                        ids.append(run.run_id)
+                        ids.append(run_id)
                         values.append(value)
                 if values:
                     out.append(StatSeries(key, stat, ids, values, change_points(values, alpha=alpha)))
@@ -249,7 +251,14 @@ def load_history(store: BaselineStore, name: str, limit: int | None = None) -> H
     return History(name, runs, skipped, rebased=mark, since_rebase=len(listed) if mark is not None else 0)
 
 
-def run_entries(run: Any, path: StorePath) -> dict[str, SavedEntry]:
+def session_tests(run: SavedRun) -> dict[str, SavedEntry]:
+    """A saved session's run entries by key as saved (its ``tests``), unchecked; none when the
+    document has no ``tests`` object. Readers that must trust the shape use :func:`run_entries`."""
+    tests = run.run.get("tests")
+    return {str(k): v for k, v in tests.items()} if isinstance(tests, Mapping) else {}
+
+
+def run_entries(run: object, path: StorePath) -> dict[str, SavedEntry]:
     """A saved session's run entries by key (its ``tests``), each checked to have the shape the
     gate reads: an object with a ``fingerprint`` object and a ``trials`` list. Raises
     :class:`~pytest_llmperf.baseline.store.BaselineCorrupt` naming the file and the entry."""
@@ -319,4 +328,4 @@ def open_baseline(store: BaselineStore, name: str, *, history: int = DEFAULT_HIS
 
 
 __all__ = ["DEFAULT_HISTORY", "History", "OpenBaseline", "StatSeries", "change_points", "load_history", "open_baseline",
-           "recent_shift", "run_entries", "session_value"]
+           "recent_shift", "run_entries", "session_tests", "session_value"]

@@ -50,8 +50,9 @@ def pack_samples(arr: Any, dtype: str = "float32") -> PackedSamples:
     }
 
 
-def unpack_samples(packed: Mapping[str, Any]) -> np.ndarray:
-    """Decode :func:`pack_samples` output to a float64 array of the original shape."""
+def unpack_samples(packed: Mapping[str, object]) -> np.ndarray:
+    """Decode :func:`pack_samples` output (a :class:`PackedSamples`, checked here since it was read
+    from a file) to a float64 array of the original shape."""
     if not isinstance(packed, Mapping):
         raise BaselineCorrupt(f"unpack_samples: expected a packed-samples mapping, got {type(packed).__name__}")
     if packed.get("codec") != _CODEC:
@@ -62,9 +63,12 @@ def unpack_samples(packed: Mapping[str, Any]) -> np.ndarray:
     shape = packed.get("shape")
     if not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape):
         raise BaselineCorrupt(f"unpack_samples: 'shape' must be a list of non-negative integers, got {shape!r}")
+    data = packed.get("data", "")
+    if not isinstance(data, (str, bytes)):
+        raise BaselineCorrupt(f"unpack_samples: 'data' is not valid base64 (a {type(data).__name__}, not a string)")
     try:
-        raw = base64.b64decode(packed.get("data", ""), validate=True)
-    except (ValueError, TypeError) as exc:
+        raw = base64.b64decode(data, validate=True)
+    except ValueError as exc:
         raise BaselineCorrupt(f"unpack_samples: 'data' is not valid base64 ({exc})") from None
     width = np.dtype(_DTYPES[dtype]).itemsize
     count = int(np.prod(shape)) if shape else 1

@@ -76,7 +76,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 from scipy import stats as sps
@@ -263,6 +263,18 @@ def _component(series: Sequence[Sequence[float]], session_prior: float, runner_p
     return Component(len(jobs), launches, ss, dof, job_var, max(len(jobs) - 1, 0), session_prior, runner_prior)
 
 
+class StatModelDict(TypedDict):
+    """:meth:`StatModel.to_dict`: one statistic's fitted spread, as CVs."""
+
+    sessions: int
+    session_cv: float
+    specific_cv: float
+    launch_cv: float | None
+    trial_cv: float
+    launches: float
+    prior: bool
+
+
 @dataclass(frozen=True)
 class StatModel:
     """What the baseline's sessions say about one statistic (log scale, oriented)."""
@@ -297,7 +309,7 @@ class StatModel:
         se2, df = self.specific.variance(candidate_residuals, pooled=self.pooled_specific)
         return math.sqrt(se2 + self.trial_gap(candidate)), df
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> StatModelDict:
         launch = self.total.launch_var
         return {"sessions": self.sessions, "session_cv": cv_of(math.sqrt(self.total.unit_var())),
                 "specific_cv": cv_of(math.sqrt(self.specific.unit_var(self.pooled_specific))),

@@ -51,7 +51,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from pytest_llmperf import jsonio
 from pytest_llmperf.defaults import DEFAULT_KEEP, DEFAULT_STORE
@@ -121,19 +121,31 @@ class RunEntry:
 
 @dataclass
 class SavedRun:
-    """A saved run read back from disk. ``run`` is the dict that was passed to ``save``."""
+    """A saved run read back from disk. ``run`` is the JSON object that was passed to ``save`` (the
+    plugin saves a ``baseline.schema.SavedSession``), or a whole file read without the store's
+    wrapper (a report): the store does not read it; ``baseline.history.run_entries`` checks it."""
 
     name: str
     run_id: str
     path: StorePath
     saved_at: datetime
     schema_version: int
-    run: dict[str, Any]
+    run: dict[str, object]
 
     @property
-    def fingerprint(self) -> dict[str, Any] | None:
+    def fingerprint(self) -> Mapping[str, object] | None:
+        """The run's own fingerprint, in documents that have one at the top (unchecked, for display)."""
         value = self.run.get("fingerprint")
         return value if isinstance(value, dict) else None
+
+
+class RebaseMarkDict(TypedDict):
+    """:meth:`RebaseMark.to_dict`."""
+
+    id: str
+    created_at: str
+    reason: str
+    path: str
 
 
 @dataclass(frozen=True)
@@ -157,7 +169,7 @@ class RebaseMark:
     def describe(self) -> str:
         return f"rebased on {self.created_at:%Y-%m-%d %H:%M} UTC: {self.reason}"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> RebaseMarkDict:
         return {"id": self.mark_id, "created_at": self.created_at.isoformat(), "reason": self.reason,
                 "path": str(self.path)}
 
@@ -255,7 +267,7 @@ def _parse_mark(name: str, mark_id: str, path: StorePath, read: Callable[[], byt
     return RebaseMark(name, mark_id, created, reason, path)
 
 
-def _document(name: str, run: Mapping[str, Any], now: datetime) -> bytes:
+def _document(name: str, run: Mapping[str, object], now: datetime) -> bytes:
     doc = {
         "schema_version": SCHEMA_VERSION,
         "kind": DOC_KIND,
@@ -320,7 +332,7 @@ class BaselineStore:
             ) from None
         return directory
 
-    def save(self, name: str, run: Mapping[str, Any]) -> Path:
+    def save(self, name: str, run: Mapping[str, object]) -> Path:
         """Write ``run`` as the newest saved run of ``name``; return the file's path."""
         validate_name(name)
         if not isinstance(run, Mapping):
@@ -582,7 +594,7 @@ class ObjectBaselineStore(BaselineStore):
             import fsspec  # noqa: PLC0415 - optional, and only shared stores need it
         except ImportError:
             raise StoreError(f"baseline store {self.root}: a {self.protocol}:// store needs fsspec; {install}") from None
-        options: dict[str, Any] = {"skip_instance_cache": True}
+        options: dict[str, object] = {"skip_instance_cache": True}
         raw = os.environ.get(STORE_OPTIONS_ENV)
         if raw:
             try:
@@ -624,7 +636,7 @@ class ObjectBaselineStore(BaselineStore):
     def _name_dir(self, name: str) -> Any:
         return f"{self.baselines_dir}/{_dirname(validate_name(name))}"
 
-    def _ls(self, key: str) -> list[dict[str, Any]]:
+    def _ls(self, key: str) -> list[dict[str, object]]:
         try:
             self.fs.invalidate_cache(key)
             return list(self.fs.ls(key, detail=True, refresh=True))
@@ -647,7 +659,7 @@ class ObjectBaselineStore(BaselineStore):
         except Exception:  # noqa: BLE001, S110 - a probe left behind is harmless; the write worked
             pass
 
-    def save(self, name: str, run: Mapping[str, Any]) -> Any:
+    def save(self, name: str, run: Mapping[str, object]) -> Any:
         validate_name(name)
         if not isinstance(run, Mapping):
             raise StoreError(f"cannot save baseline {name!r}: run must be a dict, got {type(run).__name__}")

@@ -123,7 +123,7 @@ def _format_list(store: BaselineStore) -> str:
     )
 
 
-def _fingerprint_summary(fp: Mapping[str, Any] | None) -> str:
+def _fingerprint_summary(fp: Mapping[str, object] | None) -> str:
     if not fp:
         return "-"
     engine = " ".join(str(fp[k]) for k in ("engine", "engine_version") if fp.get(k) not in (None, "", "unknown"))

@@ -159,8 +159,9 @@ def entries_from_document(doc: Any, path: StorePath) -> dict[str, SavedEntry]:
         raise CompareError(str(exc)) from None
 
 
-def _entries_from_report(tests: list[Any], path: StorePath) -> dict[str, dict[str, Any]]:
-    entries: dict[str, dict[str, Any]] = {}
+def _entries_from_report(tests: list[object], path: StorePath) -> dict[str, SavedEntry]:
+    """A report's runs as the run entries they were built from (as recorded, unchecked)."""
+    entries: dict[str, SavedEntry] = {}
     for i, test in enumerate(tests):
         runs = test.get("runs") if isinstance(test, Mapping) else None
         if not isinstance(runs, list):
@@ -168,7 +169,20 @@ def _entries_from_report(tests: list[Any], path: StorePath) -> dict[str, dict[st
         for j, run in enumerate(runs):
             if not isinstance(run, Mapping) or not isinstance(run.get("key"), str):
                 raise CompareError(f"{path}: tests[{i}].runs[{j}] has no 'key'")
-            entries[run["key"]] = {k: run.get(k) for k in ("label", "workload", "slo", "fingerprint", "summary", "trials")}
+            entry: SavedEntry = {}
+            if "label" in run:
+                entry["label"] = run["label"]
+            if "workload" in run:
+                entry["workload"] = run["workload"]
+            if "slo" in run:
+                entry["slo"] = run["slo"]
+            if "fingerprint" in run:
+                entry["fingerprint"] = run["fingerprint"]
+            if "summary" in run:
+                entry["summary"] = run["summary"]
+            if "trials" in run:
+                entry["trials"] = run["trials"]
+            entries[run["key"]] = entry
     return entries
 
 

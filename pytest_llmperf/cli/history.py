@@ -19,11 +19,11 @@ import statistics
 import sys
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from pytest_llmperf import jsonio
-from pytest_llmperf.baseline.history import DEFAULT_HISTORY, load_history
-from pytest_llmperf.baseline.store import DEFAULT_ROOT, BaselineStore, StoreError
+from pytest_llmperf.baseline.history import DEFAULT_HISTORY, load_history, session_tests
+from pytest_llmperf.baseline.store import DEFAULT_ROOT, BaselineStore, RebaseMarkDict, StoreError
 from pytest_llmperf.cli.options import add_shared_argument
 from pytest_llmperf.errors import pytest_flag
 from pytest_llmperf.formatting import fmt_number, table
@@ -58,19 +58,49 @@ def format_series(series: StatSeries) -> str:
     return f"{_short(series.key)} · {series.stat}: {' '.join(cells)}{tail}{marks}"
 
 
-def noise_report(history: History) -> dict[str, Any]:
+class NoiseStat(TypedDict):
+    """One (test run, statistic) of the noise report: its fitted model (``StatModelDict``'s keys)."""
+
+    key: str
+    stat: str
+    sessions: int
+    session_cv: float
+    specific_cv: float
+    launch_cv: float | None
+    trial_cv: float
+    launches: float
+    prior: bool
+
+
+class NoiseReport(TypedDict):
+    """:func:`noise_report`, what ``llmperf history --noise --json`` prints."""
+
+    name: str
+    sessions_read: int
+    sessions: int
+    min_sessions: int
+    session_wide_cv: float | None
+    stats: list[NoiseStat]
+    suggested_session_cv: float | None
+    statistics_measured: int
+    default_session_cv: float
+    rebased: RebaseMarkDict | None
+    notes: dict[str, list[str]]
+
+
+def noise_report(history: History) -> NoiseReport:
     """The gate's noise model fitted to ``history`` (see the module docstring), as plain data."""
     from pytest_llmperf.baseline.gate import GateSession
     from pytest_llmperf.baseline.sessions import MIN_SESSIONS, PRIOR_SESSION_CV, cv_of
 
-    gate = GateSession.from_sessions([run.run.get("tests") or {} for run in history.runs],
+    gate = GateSession.from_sessions([session_tests(run) for run in history.runs],
                                      session_ids=[run.run_id for run in history.runs])
     model = gate.model
-    stats = []
+    stats: list[NoiseStat] = []
     if model is not None:
         for (key, stat), fitted in sorted(model.stats.items()):
             stats.append({"key": key, "stat": stat, **fitted.to_dict()})
-    measured = [s["session_cv"] for s in stats if not s.get("prior") and s.get("sessions", 0) >= MIN_SESSIONS]
+    measured = [s["session_cv"] for s in stats if not s["prior"] and s["sessions"] >= MIN_SESSIONS]
     suggested = statistics.median(measured) if measured else None
     return {
         "name": history.name,
@@ -91,15 +121,15 @@ def _cv(value: Any) -> str:
     return f"{value:.1%}" if isinstance(value, (int, float)) else "-"
 
 
-def format_noise(report: dict[str, Any]) -> str:
+def format_noise(report: NoiseReport) -> str:
     """The noise report as text: one row per test run and statistic, then the suggested prior."""
     lines = [f"{report['name']}: noise model from {report['sessions']} session(s) "
              f"(of {report['sessions_read']} read; per test run, those on the newest setup since its last "
              "change point)"]
     if report["session_wide_cv"] is not None:
         lines.append(f"session-wide shift (one launch's speed, shared by every statistic): CV {_cv(report['session_wide_cv'])}")
-    rows = [[_short(s["key"]), s["stat"], str(s.get("sessions", "-")), _cv(s.get("session_cv")),
-             _cv(s.get("specific_cv")), _cv(s.get("trial_cv")), "prior" if s.get("prior") else ""]
+    rows = [[_short(s["key"]), s["stat"], str(s["sessions"]), _cv(s["session_cv"]), _cv(s["specific_cv"]),
+             _cv(s["trial_cv"]), "prior" if s["prior"] else ""]
             for s in report["stats"]]
     if rows:
         lines.append(table(["test", "statistic", "sessions", "session CV", "beyond shift", "trial CV", ""], rows,

@@ -86,8 +86,10 @@ def schema_path() -> Path:
     return Path(__file__).resolve().parent.parent / "schemas" / SCHEMA_NAME
 
 
-def load_schema() -> dict[str, Any]:
-    return jsonio.loads(schema_path().read_text(encoding="utf-8"))
+def load_schema() -> dict[str, object]:
+    """The schema as JSON data, for a validator (not read here)."""
+    schema: dict[str, object] = jsonio.loads(schema_path().read_text(encoding="utf-8"))
+    return schema
 
 
 def validate(doc: ReportDocument | Mapping[str, object]) -> None:
