@@ -87,7 +87,7 @@ class AdminClient:
             shapes = ["prompt", "content", "inputs"]
         last_error = ""
         for shape in shapes:
-            payload: dict[str, Any] = {shape: messages if shape == "messages" else text}
+            payload: dict[str, object] = {shape: messages if shape == "messages" else text}
             if model is not None and shape != "inputs":
                 payload["model"] = model
             response = await self._request("POST", url, payload)
@@ -110,7 +110,7 @@ class AdminClient:
     async def detokenize(self, tokens: list[int], *, model: str | None) -> str | None:
         """Text of ``tokens`` via ``{root_url}/detokenize``; None when there is no such endpoint."""
         url = f"{self.root_url}/detokenize"
-        payload: dict[str, Any] = {"tokens": list(tokens)}
+        payload: dict[str, object] = {"tokens": list(tokens)}
         if model is not None:
             payload["model"] = model
         response = await self._request("POST", url, payload)

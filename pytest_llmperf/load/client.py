@@ -25,7 +25,7 @@ when a server echoes it back) and never shown by ``repr``.
 from __future__ import annotations
 
 import ssl
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import httpx
 
@@ -116,7 +116,7 @@ class StreamingClient:
 
     # ------------------------------------------------------------------ streaming requests
 
-    def build_body(self, req: PreparedRequest) -> dict[str, Any]:
+    def build_body(self, req: PreparedRequest) -> dict[str, object]:
         """The JSON body for ``req``; ``sampling`` then ``extra_body`` override the defaults."""
         return build_body(req, self.model)
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypedDict
+from typing import TYPE_CHECKING, Protocol, TypedDict
 
 import numpy as np
 
@@ -145,8 +145,8 @@ class PromptFactory:
     """
 
     def __init__(self, workload: Workload, model: TokenModel, *, nonce: int | None = None,
-                 extra_body: dict[str, Any] | None = None, send_ignore_eos: bool = True,
-                 length_fields: Callable[[int, bool, int | None], dict[str, Any]] | None = None) -> None:
+                 extra_body: dict[str, object] | None = None, send_ignore_eos: bool = True,
+                 length_fields: Callable[[int, bool, int | None], dict[str, object]] | None = None) -> None:
         self.workload = workload
         self.model = model
         self.nonce = nonce if nonce is not None else int.from_bytes(os.urandom(6), "little")

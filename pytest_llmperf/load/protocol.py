@@ -90,12 +90,12 @@ class EncodedRequest:
     wire: bytes
 
 
-def build_body(req: PreparedRequest, model: str | None) -> dict[str, Any]:
+def build_body(req: PreparedRequest, model: str | None) -> dict[str, object]:
     """The JSON body for ``req``; ``sampling`` then ``extra_body`` override the defaults.
 
     ``model=None`` omits the ``model`` field (servers serving one model accept that).
     """
-    body: dict[str, Any] = {}
+    body: dict[str, object] = {}
     if model is not None:
         body["model"] = model
     if req.api == "chat":

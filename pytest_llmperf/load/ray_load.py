@@ -49,6 +49,7 @@ from pytest_llmperf.errors import InputError, LLMPerfError
 from pytest_llmperf.load.loadgen import LoadOutcome, run_sync
 from pytest_llmperf.load.workers import (
     ClientSpec,
+    PackedOutcome,
     WorkerError,
     _Job,
     merge_outcomes,
@@ -134,7 +135,7 @@ def connect(address: str, ray: Any | None = None) -> None:
                            "address and that the cluster is running (ray start --head)") from None
     if ray.is_initialized():
         return
-    kwargs: dict[str, Any] = {"logging_level": logging.WARNING}
+    kwargs: dict[str, object] = {"logging_level": logging.WARNING}
     if not address.startswith("ray://"):
         kwargs["log_to_driver"] = False
     try:
@@ -227,7 +228,7 @@ class _LoadNode:
         return time.time()
 
     def run(self, job: _Job, make: Callable[[int, str], PreparedRequest], origin_wall_s: float,
-            local_workers: int, group: tuple[int, int]) -> dict[str, Any]:
+            local_workers: int, group: tuple[int, int]) -> PackedOutcome:
         # The driver's origin, on this node's wall clock, mapped onto this node's monotonic clock.
         p0 = time.perf_counter()
         wall = time.time()
@@ -315,7 +316,7 @@ async def run_on_ray(
             job = _Job(k, groups, share, spec, 0.0, start_at, 2.0, False, overload)
             refs.append(actors[k].run.remote(job, make, origin_wall + offset, local_workers, (k, groups)))
         results = await asyncio.to_thread(_gather, ray, refs)
-        alive = [k for k, r in enumerate(results) if isinstance(r, dict)]
+        alive = [k for k, r in enumerate(results) if not isinstance(r, tuple)]
         after = await asyncio.to_thread(lambda: {k: _measure_clock(ray, actors[k]) for k in alive})
     finally:
         for actor in actors:
@@ -331,7 +332,7 @@ async def run_on_ray(
     expected: dict[int, int | None] = {}
     for k, result in enumerate(results):
         node = info.nodes[k]
-        if not isinstance(result, dict):
+        if isinstance(result, tuple):
             node.status, node.error = "missing", result[1]
             continue
         outcome, exp = unpack_outcome(result)
@@ -347,9 +348,9 @@ async def run_on_ray(
     return merge_outcomes(outcomes), expected, info
 
 
-def _gather(ray: Any, refs: list[Any]) -> list[Any]:
+def _gather(ray: Any, refs: list[Any]) -> list[PackedOutcome | tuple[str, str]]:
     """Each actor's packed outcome, or ("died" | "error", text) for one that did not return one."""
-    out: list[Any] = [None] * len(refs)
+    out: dict[int, PackedOutcome | tuple[str, str]] = {}
     index = {ref: k for k, ref in enumerate(refs)}
     pending = list(refs)
     while pending:
@@ -363,7 +364,7 @@ def _gather(ray: Any, refs: list[Any]) -> list[Any]:
                 out[k] = ("error", f"{type(cause).__name__}: {str(cause).splitlines()[-1] if str(cause) else ''}")
             except ray.exceptions.RayError as exc:  # the actor, its worker process or its node died
                 out[k] = ("died", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300])
-    return out
+    return [out[k] for k in range(len(refs))]
 
 
 def _share_text(workload: Workload, share: Workload, k: int, groups: int, local_workers: int) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import httpx
 import numpy as np
@@ -76,9 +76,9 @@ class Runner:
         *,
         model: str | None = None,
         api_key: str | None = None,
-        extra_body: dict[str, Any] | None = None,
+        extra_body: dict[str, object] | None = None,
         send_ignore_eos: bool = True,
-        length_fields: Callable[[int, bool, int | None], dict[str, Any]] | None = None,
+        length_fields: Callable[[int, bool, int | None], dict[str, object]] | None = None,
         metrics_url: str | None = None,
         reset_cache_url: str | None = None,
         progress: Callable[[Progress], None] | None = None,

@@ -41,7 +41,7 @@ import pickle
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from pytest_llmperf.errors import InputError, LLMPerfError
 from pytest_llmperf.load import columnar
@@ -89,14 +89,14 @@ def worker_shares(workload: Workload, workers: int) -> list[Workload]:
     n = min(workers, workload.concurrency)
     out = []
     for k in range(n):
-        changes: dict[str, Any] = {"concurrency": _share(workload.concurrency, n, k),
-                                   "warmup_requests": _share(workload.warmup_requests, n, k)}
-        if workload.num_requests is not None:
-            share = _share(workload.num_requests, n, k)
-            if share == 0:
+        requests = workload.num_requests
+        if requests is not None:
+            requests = _share(requests, n, k)
+            if requests == 0:
                 continue
-            changes["num_requests"] = share
-        out.append(dataclasses.replace(workload, **changes))
+        out.append(dataclasses.replace(workload, concurrency=_share(workload.concurrency, n, k),
+                                       warmup_requests=_share(workload.warmup_requests, n, k),
+                                       num_requests=requests))
     return out
 
 
@@ -220,15 +220,22 @@ def merge_outcomes(outcomes: list[LoadOutcome]) -> LoadOutcome:
     )
 
 
-def pack_outcome(outcome: LoadOutcome, expected: dict[int, int | None]) -> dict[str, Any]:
-    """An outcome and the builder's prompt lengths as plain, compact data (records columnar)."""
-    meta = {f.name: getattr(outcome, f.name) for f in dataclasses.fields(outcome) if f.name != "records"}
-    return {"records": columnar.encode(outcome.records), "meta": meta,
+class PackedOutcome(TypedDict):
+    """:func:`pack_outcome`: what a worker process or Ray actor sends back."""
+
+    records: dict[str, Any]  # columnar.encode: one column per record field, of several kinds
+    meta: LoadOutcome  # the outcome without its records
+    expected: tuple[list[int], list[int]]  # request index -> prompt length asked for (-1: none)
+
+
+def pack_outcome(outcome: LoadOutcome, expected: dict[int, int | None]) -> PackedOutcome:
+    """An outcome and the builder's prompt lengths as compact data (records columnar)."""
+    return {"records": columnar.encode(outcome.records), "meta": dataclasses.replace(outcome, records=[]),
             "expected": (list(expected), [-1 if v is None else v for v in expected.values()])}
 
 
-def unpack_outcome(packed: dict[str, Any]) -> tuple[LoadOutcome, dict[int, int | None]]:
-    outcome = LoadOutcome(records=columnar.decode(packed["records"]), **packed["meta"])
+def unpack_outcome(packed: PackedOutcome) -> tuple[LoadOutcome, dict[int, int | None]]:
+    outcome = dataclasses.replace(packed["meta"], records=columnar.decode(packed["records"]))
     keys, values = packed["expected"]
     return outcome, {int(k): (None if v < 0 else int(v)) for k, v in zip(keys, values)}
 
@@ -394,7 +401,7 @@ async def worker_run(job: _Job, make: Callable[[int, str], PreparedRequest],
     return outcome, expected
 
 
-__all__ = ["ClientSpec", "WorkerError", "merge_outcomes", "pack_outcome", "run_in_workers", "start_method",
+__all__ = ["ClientSpec", "PackedOutcome", "WorkerError", "merge_outcomes", "pack_outcome", "run_in_workers", "start_method",
            "unpack_outcome", "warm_forkserver", "worker_run", "worker_shares"]
 
 

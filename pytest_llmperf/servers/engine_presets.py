@@ -24,7 +24,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import httpx
 
@@ -165,7 +165,7 @@ class EnginePreset:
         ignore_eos: bool,
         min_tokens: int | None,
         eos_token_id: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         """Request-body fields that make the engine generate ``max_tokens`` tokens.
 
         Includes ``max_tokens`` itself so the result can be merged into a body as is. What each
@@ -185,7 +185,7 @@ class EnginePreset:
                 f"length_fields: min_tokens must be between 0 and max_tokens ({max_tokens}), "
                 f"got {min_tokens!r}"
             )
-        fields: dict[str, Any] = {"max_tokens": max_tokens}
+        fields: dict[str, object] = {"max_tokens": max_tokens}
         style = self.length_style
         if style == LENGTH_IGNORE_EOS_MIN_TOKENS:
             if ignore_eos:

@@ -49,7 +49,7 @@ class ServerInfo:
     reset_cache_url: str | None = None
     sim_preset: str | None = None
     sim_args: list[str] = field(default_factory=list)
-    length_fields: Callable[[int, bool, int | None], dict[str, Any]] | None = None
+    length_fields: Callable[[int, bool, int | None], dict[str, object]] | None = None
     process: ServerProcess | None = None
 
     def alive(self) -> bool:

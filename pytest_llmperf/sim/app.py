@@ -133,7 +133,7 @@ def build_app(config: SimConfig | None = None) -> Starlette:
 DEFAULT_THINKING_TOKENS = 256
 
 
-def _reasoning_tokens(server_default: int, data: dict[str, Any]) -> int:
+def _reasoning_tokens(server_default: int, data: dict[str, object]) -> int:
     """Per-request reasoning: `chat_template_kwargs.enable_thinking` switches it on or off, as it does
     for Qwen3 and other hybrid-reasoning models on vLLM and SGLang; otherwise the server's setting."""
     kwargs = data.get("chat_template_kwargs")

@@ -53,7 +53,7 @@ class GenRequest:
     continuous_usage: bool
 
 
-async def json_body(request: Request) -> dict[str, Any]:
+async def json_body(request: Request) -> dict[str, object]:
     raw = await request.body()
     try:
         data = json.loads(raw)
@@ -64,7 +64,7 @@ async def json_body(request: Request) -> dict[str, Any]:
     return data
 
 
-def check_model(model_name: str, data: Mapping[str, Any]) -> None:
+def check_model(model_name: str, data: Mapping[str, object]) -> None:
     model = data.get("model")
     if model is None:
         return  # vLLM serves its only model when the field is left out
@@ -72,7 +72,7 @@ def check_model(model_name: str, data: Mapping[str, Any]) -> None:
         raise ApiError(404, f"The model `{model}` does not exist.", "model")
 
 
-def int_field(data: Mapping[str, Any], key: str, minimum: int) -> int | None:
+def int_field(data: Mapping[str, object], key: str, minimum: int) -> int | None:
     value = data.get(key)
     if value is None:
         return None
@@ -83,7 +83,7 @@ def int_field(data: Mapping[str, Any], key: str, minimum: int) -> int | None:
     return value
 
 
-def bool_field(data: Mapping[str, Any], key: str, default: bool) -> bool:
+def bool_field(data: Mapping[str, object], key: str, default: bool) -> bool:
     value = data.get(key, default)
     if value is None:
         return default
@@ -92,7 +92,7 @@ def bool_field(data: Mapping[str, Any], key: str, default: bool) -> bool:
     return value
 
 
-def tokenize_body(tok: SimTokenizer, data: Mapping[str, Any]) -> list[int]:
+def tokenize_body(tok: SimTokenizer, data: Mapping[str, object]) -> list[int]:
     try:
         if "messages" in data:
             return tok.encode_chat(data["messages"], bool_field(data, "add_generation_prompt", True))
@@ -117,7 +117,7 @@ def prompt_ids(tok: SimTokenizer, prompt: Any, add_special_tokens: bool) -> list
     raise ApiError(400, "prompt: expected a string or a list of token ids", "prompt")
 
 
-def parse_generation(tok: SimTokenizer, data: Mapping[str, Any], api: str) -> GenRequest:
+def parse_generation(tok: SimTokenizer, data: Mapping[str, object], api: str) -> GenRequest:
     n = int_field(data, "n", 1)
     if n is not None and n != 1:
         raise ApiError(400, f"n: only n=1 is supported, got {n}", "n")

@@ -12,7 +12,7 @@ import json
 import time
 from contextvars import ContextVar
 from time import perf_counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pytest_llmperf.sim.engine import sleep_until
 from pytest_llmperf.sim.scheduler import FINISHED, Sequence
@@ -138,13 +138,13 @@ class Generation:
         )
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
-    def _whole_body(self) -> dict[str, Any]:
+    def _whole_body(self) -> dict[str, object]:
         plan, seq = self.plan, self.seq
         n = seq.num_output
         r = min(plan.reasoning_tokens, n)
-        choice: dict[str, Any]
+        choice: dict[str, object]
         if self.req.api == "chat":
-            message: dict[str, Any] = {
+            message: dict[str, object] = {
                 "role": "assistant",
                 "content": plan.text(r, n),
                 "reasoning_content": plan.text(0, r) if r else None,
@@ -167,7 +167,7 @@ class Generation:
         }
 
 
-def usage_block(prompt: int, completion: int, cached: int, reasoning: int) -> dict[str, Any]:
+def usage_block(prompt: int, completion: int, cached: int, reasoning: int) -> dict[str, object]:
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
