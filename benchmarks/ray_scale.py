@@ -6,7 +6,7 @@
 Starts the simulator's zero-delay preset (``--preset zero``: no model time, so the client side is
 what limits) in its own process and, unless ``--address`` is given, a local Ray instance
 (``--cpus`` CPUs, no dashboard). For each number of Ray workers it runs, through
-``Runner(ray_address=..., ray_workers=N)``:
+``Runner(url, RunnerConfig(ray_address=..., ray_workers=N))``:
 
 - a closed loop at ``--concurrency`` streams of ``--tokens`` tokens for ``--duration`` s: streamed
   chunks per second of the measurement window (all workers' chunks on the shared window);
@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from pytest_llmperf.load.runner import Runner
+from pytest_llmperf.load.runner_config import RunnerConfig
 from pytest_llmperf.servers.process import ServerProcess, free_port
 from pytest_llmperf.workload import Workload
 
@@ -43,7 +44,7 @@ def start_sim() -> tuple[ServerProcess, str]:
 
 
 def measure(url: str, address: str, workers: int, args: argparse.Namespace) -> dict:
-    runner = Runner(url, ray_address=address, ray_workers=workers)
+    runner = Runner(url, RunnerConfig(ray_address=address, ray_workers=workers))
     closed = runner.run(Workload(input_tokens=32, output_tokens=args.tokens, concurrency=args.concurrency,
                                  duration_s=args.duration, warmup_s=1.0, seed=1))
     trial = closed.trials[0]

@@ -3,6 +3,7 @@
 import sys
 
 from pytest_llmperf.load.runner import Runner
+from pytest_llmperf.load.runner_config import RunnerConfig
 from pytest_llmperf.servers.process import ServerProcess, free_port
 
 
@@ -20,4 +21,4 @@ def launch_sim(tmp_path_factory, *args):
 
 
 def runner(root, **kwargs):
-    return Runner(root + "/v1", metrics_url=root + "/metrics", **kwargs)
+    return Runner(root + "/v1", RunnerConfig(metrics_url=root + "/metrics", **kwargs))

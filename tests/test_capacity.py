@@ -12,6 +12,7 @@ import pytest
 from pytest_llmperf.capacity import CapacityError, SearchPlan, backlog_growth_rps, judge_step, search
 from pytest_llmperf.load.loadgen import OverloadGuard
 from pytest_llmperf.load.runner import Runner
+from pytest_llmperf.load.runner_config import RunnerConfig
 from pytest_llmperf.metrics import summarize
 from pytest_llmperf.objectives import SLO
 from pytest_llmperf.records import RequestRecord
@@ -137,7 +138,7 @@ def test_capacity_matches_the_simulators_saturation_and_drops_with_a_slowdown(tm
     def find(slowdown: float):
         proc = _sim(slowdown, tmp_path)
         try:
-            runner = Runner(f"http://127.0.0.1:{proc.port}/v1", overload=OverloadGuard())
+            runner = Runner(f"http://127.0.0.1:{proc.port}/v1", RunnerConfig(overload=OverloadGuard()))
             return search(workload, lambda w: runner.run(w, slo=slo), plan)
         finally:
             proc.stop()

@@ -6,6 +6,7 @@ import pytest
 
 from pytest_llmperf import Workload
 from pytest_llmperf.load.runner import Runner
+from pytest_llmperf.load.runner_config import RunnerConfig
 from pytest_llmperf.servers.process import ServerProcess, free_port
 
 pytestmark = pytest.mark.integration
@@ -38,7 +39,7 @@ def slow_sim(tmp_path_factory):
 
 
 def _run(root, workload):
-    return Runner(root + "/v1", metrics_url=root + "/metrics").run(workload)
+    return Runner(root + "/v1", RunnerConfig(metrics_url=root + "/metrics")).run(workload)
 
 
 def test_cold_run_has_no_prefix_hits_and_warm_run_hits_with_lower_ttft(sim):
@@ -85,7 +86,7 @@ def test_fault_run_counts_its_errors(tmp_path_factory):
 
 def test_server_down_reports_connection_errors_not_a_traceback():
     port = free_port()
-    result = Runner(f"http://127.0.0.1:{port}/v1", model="m").run(
+    result = Runner(f"http://127.0.0.1:{port}/v1", RunnerConfig(model="m")).run(
         Workload(input_tokens=16, output_tokens=4, rate_rps=50, num_requests=10))
     assert result.summary.requests == 10
     assert result.summary.errors_by_kind == {"connect": 10}

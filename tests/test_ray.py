@@ -27,6 +27,7 @@ from pytest_llmperf.load.ray_load import (
     connect,
 )
 from pytest_llmperf.load.runner import Runner
+from pytest_llmperf.load.runner_config import RunnerConfig
 from pytest_llmperf.results import with_invalid_reasons
 from pytest_llmperf.sim import SimConfig, start_in_thread
 from pytest_llmperf.workload import Workload, WorkloadError
@@ -82,8 +83,8 @@ def test_one_process_two_local_workers_and_two_ray_workers_send_the_same_schedul
     w = Workload(input_tokens=64, output_tokens=16, rate_rps=50, arrival="poisson", num_requests=100,
                  warmup_requests=4, seed=11)
     one = Runner(sim.base_url).run(w)
-    local = Runner(sim.base_url, workers=2).run(w)
-    on_ray = Runner(sim.base_url, ray_address="auto", ray_workers=2).run(w)
+    local = Runner(sim.base_url, RunnerConfig(workers=2)).run(w)
+    on_ray = Runner(sim.base_url, RunnerConfig(ray_address="auto", ray_workers=2)).run(w)
     counts = [(r.summary.requests, r.summary.completed, len(r.trials[0].records)) for r in (one, local, on_ray)]
     assert counts == [(100, 100, 104)] * 3
     assert _schedule(one) == _schedule(local) == _schedule(on_ray)
@@ -139,7 +140,7 @@ def test_a_node_that_dies_mid_run_leaves_its_share_missing_and_the_run_invalid(s
     killer = threading.Thread(target=kill_worker_1)
     killer.start()
     # No rerun of the invalid trial here: the point is what the invalid trial itself reports.
-    result = Runner(sim.base_url, ray_address="auto", ray_workers=2, rerun_invalid=False).run(w)
+    result = Runner(sim.base_url, RunnerConfig(ray_address="auto", ray_workers=2, rerun_invalid=False)).run(w)
     killer.join()
     assert killed
     nodes = result.trials[0].distributed.to_dict()["nodes"]
@@ -164,7 +165,7 @@ def test_unreachable_address_fails_before_any_load_naming_the_address(ray_cluste
     address = f"ray://127.0.0.1:{port}"
     # The server URL is unreachable too: reaching it would raise RunError, so RayError proves
     # the address was checked before any request.
-    runner = Runner("http://127.0.0.1:9/v1", ray_address=address, ray_workers=2)
+    runner = Runner("http://127.0.0.1:9/v1", RunnerConfig(ray_address=address, ray_workers=2))
     with pytest.raises(RayError, match=f"cannot reach the Ray cluster at {address}"):
         runner.run(Workload(rate_rps=10, num_requests=5))
 
@@ -189,7 +190,7 @@ def test_version_mismatch_shows_rays_error_and_what_to_align():
 def test_without_the_extra_the_option_fails_at_the_start_with_the_install_command(monkeypatch, pytester):
     monkeypatch.setitem(sys.modules, "ray", None)  # "import ray" now fails as if not installed
     with pytest.raises(RayMissingError, match=r"pip install 'pytest-llmperf\[ray\]'"):
-        Runner("http://127.0.0.1:9/v1", ray_address="auto")
+        Runner("http://127.0.0.1:9/v1", RunnerConfig(ray_address="auto"))
     pytester.makepyfile("def test_nothing():\n    pass\n")
     out = pytester.runpytest("--llmperf-ray-address", "auto")
     assert out.ret == pytest.ExitCode.USAGE_ERROR
@@ -204,9 +205,9 @@ def test_ray_options_flags_ini_and_bad_values():
     opts = resolve(lambda dest: None, lambda key: ini.get(key))
     assert (opts.ray_address, opts.ray_workers) == ("ray://head:10001", 4)
     with pytest.raises(InputError, match="ray_workers needs a Ray cluster address"):
-        Runner("http://127.0.0.1:9/v1", ray_workers=2).run(Workload(rate_rps=1, num_requests=1))
+        Runner("http://127.0.0.1:9/v1", RunnerConfig(ray_workers=2)).run(Workload(rate_rps=1, num_requests=1))
     with pytest.raises(InputError, match="not 'auto', 'ray://host:port' or 'host:port'"):
-        Runner("http://127.0.0.1:9/v1", ray_address="head-without-port")
+        Runner("http://127.0.0.1:9/v1", RunnerConfig(ray_address="head-without-port"))
     with pytest.raises(WorkloadError, match="ray_workers must be a positive integer"):
         Workload(rate_rps=1, num_requests=1, ray_workers=0)
     # Where the load comes from is not part of the traffic's fingerprint.

@@ -39,6 +39,7 @@ import pytest
 
 from pytest_llmperf import Workload
 from pytest_llmperf.load.runner import Runner
+from pytest_llmperf.load.runner_config import RunnerConfig
 from pytest_llmperf.metrics import delayed_ack_stall_warning
 from pytest_llmperf.servers.process import ServerProcess, free_port
 from pytest_llmperf.sim import server as sim_server
@@ -214,7 +215,7 @@ def test_client_warns_when_a_server_leaves_nagle_on(monkeypatch):
     """Real servers can hit this too (any asyncio server on a proto-0 listening socket)."""
     monkeypatch.setattr(sim_server, "bind_socket", _nagle_socket)
     with sim_server.start_in_thread(SimConfig(preset=PRESET, seed=1), loop="asyncio") as sim:
-        result = Runner(sim.base_url, use_uvloop=False).run(
+        result = Runner(sim.base_url, RunnerConfig(use_uvloop=False)).run(
             Workload(input_tokens=INPUT_TOKENS, output_tokens=OUTPUT_TOKENS, rate_rps=20, duration_s=3,
                      arrival="constant", seed=1))
     ttft_p50 = result.summary.ttft_s.p50

@@ -10,6 +10,7 @@ import pytest
 from pytest_llmperf.load import columnar
 from pytest_llmperf.load.loadgen import LoadOutcome
 from pytest_llmperf.load.runner import Runner
+from pytest_llmperf.load.runner_config import RunnerConfig
 from pytest_llmperf.load.workers import merge_outcomes, worker_shares
 from pytest_llmperf.records import PHASE_WARMUP, RequestRecord
 from pytest_llmperf.sim import SimConfig, start_in_thread
@@ -35,7 +36,7 @@ def sim():
 
 
 def _run(sim, workload, workers):
-    return Runner(sim.base_url, workers=workers).run(workload)
+    return Runner(sim.base_url, RunnerConfig(workers=workers)).run(workload)
 
 
 def test_open_loop_summary_is_the_same_from_one_or_two_workers(sim):
@@ -81,7 +82,7 @@ def test_worker_shares_edge_cases():
     with pytest.raises(ValueError, match="workers"):
         worker_shares(open_w, 0)
     with pytest.raises(ValueError, match="workers must be a positive integer"):
-        Runner("http://127.0.0.1:1/v1", workers=0)
+        Runner("http://127.0.0.1:1/v1", RunnerConfig(workers=0))
 
 
 def test_merge_keeps_schedule_order_and_global_window():

@@ -89,6 +89,7 @@ def _slo_from_args(pairs: list[str]) -> SLO | None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from pytest_llmperf.load.runner import RunError, Runner
+    from pytest_llmperf.load.runner_config import RunnerConfig
     from pytest_llmperf.objectives import check
     from pytest_llmperf.report.json_result import run_result_to_dict
     from pytest_llmperf.report.terminal import progress_line, summary_text
@@ -106,8 +107,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         # /metrics next to the API (as the plugin does for --llmperf-url): the running/waiting
         # gauges of the timeslices. A server without it only leaves those columns empty.
-        runner = Runner(args.url, model=args.model, api_key=api_key, progress=progress, metrics_url=args.url,
-                        timeslice_s=args.timeslice)
+        runner = Runner(args.url, RunnerConfig(model=args.model, api_key=api_key, progress=progress,
+                                               metrics_url=args.url, timeslice_s=args.timeslice))
     except InputError as exc:
         raise CliError(exc.render(cli_flag)) from None
     try:

@@ -145,7 +145,7 @@ class PromptFactory:
     """
 
     def __init__(self, workload: Workload, model: TokenModel, *, nonce: int | None = None,
-                 extra_body: dict[str, object] | None = None, send_ignore_eos: bool = True,
+                 extra_body: Mapping[str, object] | None = None, send_ignore_eos: bool = True,
                  length_fields: Callable[[int, bool, int | None], dict[str, object]] | None = None) -> None:
         self.workload = workload
         self.model = model

@@ -1,8 +1,8 @@
 """Load beyond one machine: the per-worker job of :mod:`pytest_llmperf.load.workers` on Ray nodes.
 
-``Runner(url, ray_address="auto" | "ray://head:10001" | "head:6379", ray_workers=N)`` starts N
-Ray actors (spread over the cluster's nodes, ``workers`` CPUs each) and runs one trial's load from
-them:
+``Runner(url, RunnerConfig(ray_address="auto" | "ray://head:10001" | "head:6379", ray_workers=N))``
+starts N Ray actors (spread over the cluster's nodes, ``workers`` CPUs each) and runs one trial's
+load from them (the Runner's :class:`~pytest_llmperf.load.backends.RayCluster` backend):
 
 - Open loop: every actor walks the same seeded schedule from one shared start instant and sends
   the arrivals with ``index % N == k`` (with ``workers=m`` local processes per actor,

@@ -19,6 +19,7 @@ import pytest
 from pytest_llmperf.baseline.schema import capacity_entry, fingerprint_for, run_entry
 from pytest_llmperf.errors import LLMPerfError, LLMPerfWarning
 from pytest_llmperf.load.runner import Runner
+from pytest_llmperf.load.runner_config import RunnerConfig
 from pytest_llmperf.objectives import SLO, SLOError, check
 from pytest_llmperf.plugin.progress import ProgressPrinter
 from pytest_llmperf.plugin.state import nodeid_of
@@ -145,10 +146,9 @@ class LLMPerf:
         self._judge(key, run_entry(result, fingerprint, self.slos), reference_entry)
         return result
 
-    def _runner(self, server: ServerInfo, printer: ProgressPrinter, **kwargs: Any) -> Runner:
+    def _runner(self, server: ServerInfo, printer: ProgressPrinter) -> Runner:
         opts = self._session.options
-        return Runner(
-            server.base_url,
+        return Runner(server.base_url, RunnerConfig(
             model=server.model,
             api_key=self._session.api_key,
             length_fields=server.length_fields,
@@ -163,8 +163,7 @@ class LLMPerf:
             gpu_telemetry=server.launched,
             throttle=opts.throttle,
             timeslice_s=opts.timeslice,
-            **kwargs,
-        )
+        ))
 
     def server_for(self, side: str) -> ServerInfo:
         """A/B mode: the side's last server (for fingerprints; it may be stopped by now)."""
@@ -279,10 +278,11 @@ class LLMPerf:
         printer = self._printer(f"{self._item.name} capacity")
 
         def search_on(server: ServerInfo) -> CapacityResult:
-            runner = Runner(server.base_url, model=server.model, api_key=self._session.api_key,
-                            length_fields=server.length_fields, progress=printer, rerun_invalid=False,
-                            progress_interval_s=printer.interval_s, workers=opts.workers, overload=OverloadGuard(),
-                            ray_address=opts.ray_address, ray_workers=opts.ray_workers)
+            runner = Runner(server.base_url, RunnerConfig(
+                model=server.model, api_key=self._session.api_key, length_fields=server.length_fields,
+                progress=printer, progress_interval_s=printer.interval_s, rerun_invalid=False,
+                workers=opts.workers, overload=OverloadGuard(), ray_address=opts.ray_address,
+                ray_workers=opts.ray_workers))
             return search(workload, lambda w: runner.run(w, slo=self.slo), plan)
 
         session = self._session
