@@ -96,3 +96,18 @@ def test_a_dataset_run_sends_the_rows_with_exact_counts(tmp_path, tmp_path_facto
     assert all(r.prompt_tokens == r.prompt_tokens_expected <= 300 for r in ok)
     assert all(r.output_tokens == r.requested_output_tokens for r in ok)
     assert result.summary.validity.valid
+
+
+def test_worker_processes_send_the_datasets_rows(tmp_path, tmp_path_factory):
+    # Worker processes build requests with the trial's builder, not synthetic prompts.
+    path = _write(tmp_path / "d.jsonl", [{"prompt": "the of and to in " * (1 + i % 3), "output_tokens": 4}
+                                         for i in range(10)])
+    proc, root = launch_sim(tmp_path_factory)
+    try:
+        w = Workload(rate_rps=20, num_requests=12, seed=5, dataset={"path": path})
+        result = runner(root, workers=2).run(w)
+    finally:
+        proc.stop()
+    ok = [r for r in result.records if r.ok]
+    assert len(ok) == 12 and {r.request_type for r in ok} == {"dataset"}
+    assert all(r.prompt_tokens == r.prompt_tokens_expected for r in ok)

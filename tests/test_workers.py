@@ -141,3 +141,21 @@ def test_records_travel_columnar_and_come_back_equal():
     assert columnar.decode(columnar.encode([])) == []
     # Compact: one array per field, not an object per chunk.
     assert packed["chunk_times_s"][1].dtype.name == "float64" and len(packed["chunk_times_s"][1]) == 3
+
+
+def test_one_backend_is_chosen_per_trial():
+    from pytest_llmperf.errors import InputError
+    from pytest_llmperf.load.backends import InProcess, RayCluster, WorkerProcesses, choose_backend
+
+    w = Workload(rate_rps=1, num_requests=1)
+    assert choose_backend(w, RunnerConfig()) == InProcess()
+    assert choose_backend(w, RunnerConfig(workers=3)) == WorkerProcesses(3)
+    # The workload's own workers count when the config leaves them open.
+    assert choose_backend(Workload(rate_rps=1, num_requests=1, workers=2), RunnerConfig()) == WorkerProcesses(2)
+    # Ray's actors each run the local worker count; a trace schedule is read by one process only.
+    assert choose_backend(w, RunnerConfig(ray_address="auto", ray_workers=2, workers=3)) == RayCluster("auto", 2, 3)
+    assert choose_backend(w, RunnerConfig(workers=3), streamed=True) == InProcess()
+    with pytest.raises(InputError, match="do not run on Ray"):
+        choose_backend(w, RunnerConfig(ray_address="auto"), streamed=True)
+    with pytest.raises(InputError, match="ray_workers needs a Ray cluster address"):
+        choose_backend(w, RunnerConfig(ray_workers=2))
