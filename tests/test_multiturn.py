@@ -11,6 +11,7 @@ from pytest_llmperf.cache_check import verify_hit_rate
 from pytest_llmperf.load.arrivals import ramped
 from pytest_llmperf.load.loadgen import LoadGenerator
 from pytest_llmperf.records import PHASE_MEASURE, PreparedRequest, RequestRecord
+from pytest_llmperf.telemetry.server import ServerTelemetry
 from pytest_llmperf.traffic.conversations import ConversationSpec
 from pytest_llmperf.workload import WorkloadError
 
@@ -59,13 +60,13 @@ def test_a_cache_hit_target_of_half_is_met_and_verified(sim):
 
 
 def test_a_missed_hit_target_says_what_was_measured():
-    tel = [{"available": True, "deltas": {"prefix_cache_hits": 300.0, "prefix_cache_queries": 1000.0}}]
+    tel = [ServerTelemetry(available=True, deltas={"prefix_cache_hits": 300.0, "prefix_cache_queries": 1000.0})]
     check = verify_hit_rate(0.6, tel, [])
     assert check.held is False
     assert check.message == ("cache_hit_target 60% missed: measured 30.0% (300 of 1000 prompt tokens cached, "
                              "server metrics), more than 5 points away")
-    assert verify_hit_rate(0.6, [{"available": True, "deltas": {"prefix_cache_hits": 570.0,
-                                                                 "prefix_cache_queries": 1000.0}}], []).held
+    assert verify_hit_rate(0.6, [ServerTelemetry(available=True, deltas={"prefix_cache_hits": 570.0,
+                                                                         "prefix_cache_queries": 1000.0})], []).held
 
 
 def test_ramp_warps_offsets_linearly_and_counts_as_warmup():

@@ -8,6 +8,7 @@ share, adds the earlier ones (same run key, launch order) and checks and judges 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import time
@@ -147,8 +148,13 @@ class LLMPerf:
         return result
 
     def _runner(self, server: ServerInfo, printer: ProgressPrinter) -> Runner:
+        return Runner(server.base_url, self._runner_config(server, printer))
+
+    def _runner_config(self, server: ServerInfo, printer: ProgressPrinter) -> RunnerConfig:
+        """How this session drives ``server``: one config for test runs and capacity searches,
+        so a capacity step watches the same telemetry and sends the same way as a trial."""
         opts = self._session.options
-        return Runner(server.base_url, RunnerConfig(
+        return RunnerConfig(
             model=server.model,
             api_key=self._session.api_key,
             length_fields=server.length_fields,
@@ -163,7 +169,7 @@ class LLMPerf:
             gpu_telemetry=server.launched,
             throttle=opts.throttle,
             timeslice_s=opts.timeslice,
-        ))
+        )
 
     def server_for(self, side: str) -> ServerInfo:
         """A/B mode: the side's last server (for fingerprints; it may be stopped by now)."""
@@ -278,11 +284,10 @@ class LLMPerf:
         printer = self._printer(f"{self._item.name} capacity")
 
         def search_on(server: ServerInfo) -> CapacityResult:
-            runner = Runner(server.base_url, RunnerConfig(
-                model=server.model, api_key=self._session.api_key, length_fields=server.length_fields,
-                progress=printer, progress_interval_s=printer.interval_s, rerun_invalid=False,
-                workers=opts.workers, overload=OverloadGuard(), ray_address=opts.ray_address,
-                ray_workers=opts.ray_workers))
+            # A step that fell behind is the search's answer, not a run to repeat.
+            config = dataclasses.replace(self._runner_config(server, printer), rerun_invalid=False,
+                                         overload=OverloadGuard())
+            runner = Runner(server.base_url, config)
             return search(workload, lambda w: runner.run(w, slo=self.slo), plan)
 
         session = self._session
