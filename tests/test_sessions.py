@@ -210,6 +210,23 @@ def test_history_is_cut_where_main_moved_and_clean_prs_stay_green():
     assert len(gate.baseline[KEY]) <= 3
 
 
+def test_a_move_smaller_than_the_tolerance_does_not_cut_history():
+    """Ten launches of one server whose newest three drew faster by chance (the end-to-end run
+    that found it: a 2.6% whole-server move, history cut to three sessions, 2 of 10 A/A red):
+    the move is significant but within the tolerance, so history stays whole."""
+    x = [0.0, 0.003, -0.002, 0.001, -0.001, 0.002, 0.0, -0.026, -0.027, -0.025]
+    assert recent_shift(x, alpha=0.05)[0] == 3
+    assert recent_shift(x, alpha=0.05, min_move=math.log1p(0.05))[0] == 0
+    rng = np.random.default_rng(11)
+    noise = NoiseModel(launch_cv=0.005, test_cv=0.002)
+    faster = {(None, "latency"): 0.974}
+    newest_first = ([synthetic_session(rng, noise=noise, effects=faster) for _ in range(3)]
+                    + [synthetic_session(rng, noise=noise) for _ in range(7)])
+    gate = _gate(newest_first, synthetic_session(rng, noise=noise), change_alpha=0.01)
+    assert not any("main moved" in n for n in gate.notes.get(KEY, [])), gate.notes
+    assert len(gate.baseline[KEY]) == 10
+
+
 def test_inconclusive_says_what_would_settle_it():
     rng = np.random.default_rng(10)
     gate = _gate([synthetic_session(rng)], synthetic_session(rng, effects={(None, "latency"): 1.3}))

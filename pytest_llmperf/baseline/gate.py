@@ -178,7 +178,7 @@ class GateSession:
                 notes.setdefault(key, []).append(
                     f"{len(other)} session(s) measured on another setup left out: {', '.join(other[:5])}")
         if change_alpha is not None:
-            cuts = _recent_cuts(matching, alpha=recent_alpha)
+            cuts = _recent_cuts(matching, alpha=recent_alpha, tolerance=(settings or GateSettings()).tolerance)
             for key in keys:
                 cut = _last_change(matching[key], alpha=change_alpha)
                 recent = cuts.get(key, 0)
@@ -234,8 +234,7 @@ class GateSession:
         return self.family_size
 
     def tolerance_for(self, entry: SavedEntry) -> float:
-        slo = entry_slo(entry)
-        return slo.tolerance if slo is not None and slo.tolerance is not None else self.settings.tolerance
+        return _own_tolerance(entry, self.settings.tolerance)
 
     def judge(self, key: str, candidate: SavedEntry) -> RunComparison | None:
         """Compare one candidate entry with its baseline; None (and recorded as missing) when the
@@ -592,14 +591,28 @@ def _last_change(matching: Sequence[tuple[int, SavedEntry]], *, alpha: float) ->
     return len(entries) - last if last else 0
 
 
-def _recent_cuts(matching: Mapping[str, Sequence[tuple[int, SavedEntry]]], *, alpha: float) -> dict[str, int]:
+def _own_tolerance(entry: SavedEntry, default: float) -> float:
+    """The test's own ``@slo(tolerance=...)`` recorded in ``entry``, else ``default``."""
+    slo = entry_slo(entry)
+    return slo.tolerance if slo is not None and slo.tolerance is not None else default
+
+
+def _recent_cuts(matching: Mapping[str, Sequence[tuple[int, SavedEntry]]], *, alpha: float,
+                 tolerance: float) -> dict[str, int]:
     """Per run key, how many of the newest sessions follow a move confined to them (0: none).
 
     Two kinds of move are tested (:func:`~pytest_llmperf.baseline.history.recent_shift`): the
     whole server (the session-wide shift, the median over every statistic of every key of its
     oriented log deviation, which cuts every key) and one statistic beyond that shift (which cuts
     its key). Half of ``alpha`` for the first, half for the second, Bonferroni over its series.
-    Two-sided: an improvement moves history too."""
+    Two-sided: an improvement moves history too.
+
+    A move counts only beyond the tolerance (the run's own, else ``tolerance``): a cut leaves
+    the few newest sessions, picked because they stray, to carry the level, which costs the gate
+    its measured spread and biases its mean by the very deviation that made the cut; a level
+    that moved by less than the tolerance costs less left in. (Measured end to end: ten
+    launches of one simulator, cut at their newest three by chance at a 2.6% whole-server move,
+    made 2 of 10 A/A sessions red.)"""
     series: dict[tuple[str, str], dict[int, float]] = {}
     for key, rows in matching.items():
         if not rows or is_capacity(rows[0][1]):
@@ -618,11 +631,13 @@ def _recent_cuts(matching: Mapping[str, Sequence[tuple[int, SavedEntry]]], *, al
     sessions = sorted({i for v in centred.values() for i in v}, reverse=True)  # oldest first
     shift = {i: float(np.median([v[i] for v in centred.values() if i in v])) for i in sessions}
     # Half of α for the whole server's move, half shared by the statistics' own moves.
-    whole, _ = recent_shift([shift[i] for i in sessions], alpha=alpha / 2)
+    tol = {key: _own_tolerance(rows[0][1], tolerance) for key, rows in matching.items() if rows}
+    whole, _ = recent_shift([shift[i] for i in sessions], alpha=alpha / 2, min_move=math.log1p(min(tol.values())))
     moved: dict[str, list[set[int]]] = {key: [set(sessions[::-1][:whole])] if whole else [] for key in matching}
     for (key, _stat), v in centred.items():
         order = [i for i in sessions if i in v]
-        r, _ = recent_shift([v[i] - shift[i] for i in order], alpha=alpha / 2, family=len(series))
+        r, _ = recent_shift([v[i] - shift[i] for i in order], alpha=alpha / 2, family=len(series),
+                            min_move=math.log1p(tol[key]))
         if r:
             moved[key].append(set(order[::-1][:r]))
     cuts: dict[str, int] = {}

@@ -135,10 +135,12 @@ def change_points(values: Sequence[float], *, alpha: float = 0.01, permutations:
 
 
 def recent_shift(values: Sequence[float], *, alpha: float, family: int = 1, max_recent: int = 3,
-                 min_older: int = 3) -> tuple[int, float]:
+                 min_older: int = 3, min_move: float = 0.0) -> tuple[int, float]:
     """(r, p): the newest ``r`` values (oldest first; already on the log scale) moved away from
     the older ones (see the module docstring), with the Bonferroni-adjusted p-value; (0, p) when
-    no r is significant at ``alpha`` over ``family`` × the number of r tried."""
+    no r is significant at ``alpha`` over ``family`` × the number of r tried. ``min_move``: an r
+    whose mean moved by less than this (log scale) is no move, however significant (it still
+    counts in the Bonferroni factor)."""
     from scipy import stats as sps
 
     x = np.asarray(values, dtype=float)
@@ -154,7 +156,7 @@ def recent_shift(values: Sequence[float], *, alpha: float, family: int = 1, max_
         else:
             t = diff / (sd * math.sqrt(1.0 / r + 1.0 / old.size))
             p = float(2 * sps.t.sf(abs(t), old.size - 1))
-        tried.append((p, r))
+        tried.append((p if abs(diff) >= min_move else 1.0, r))
     if not tried:
         return 0, 1.0
     p, r = min(tried)
