@@ -71,6 +71,16 @@ def fmt_pct(value: Any) -> str:
     return (MINUS if v < 0 and text != "0.0%" else "+") + text
 
 
+def fmt_rate(value: float) -> str:
+    """A rate as a percentage with two decimals (error rates: 0.0123 -> '1.23%'); NaN -> '–'."""
+    return MISSING if math.isnan(value) else f"{value * 100:.2f}%"
+
+
+def fmt_pp(value: float) -> str:
+    """A change of a rate in percentage points: 0.004 -> '+0.40 pp', -0.004 -> '−0.40 pp'."""
+    return f"{value * 100:+.2f} pp".replace("-", MINUS)
+
+
 def fmt_tolerance(bound: float) -> str:
     """One tolerance bound as a relative change: 0.5 -> '+50%', -1/3 -> '−33.3%', 0.05 -> '+5%'."""
     if not math.isfinite(bound):
@@ -125,4 +135,5 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], left: int = 1) 
     return "\n".join(out)
 
 
-__all__ = ["MINUS", "MISSING", "fmt_number", "fmt_pair", "fmt_pct", "fmt_s", "fmt_tolerance", "fmt_value", "table"]
+__all__ = ["MINUS", "MISSING", "fmt_number", "fmt_pair", "fmt_pct", "fmt_pp", "fmt_rate", "fmt_s", "fmt_tolerance",
+           "fmt_value", "table"]

@@ -117,7 +117,7 @@ from scipy import stats as sps
 
 from pytest_llmperf import defaults, jsonio
 from pytest_llmperf.errors import InputError
-from pytest_llmperf.formatting import fmt_pair, fmt_pct, fmt_tolerance
+from pytest_llmperf.formatting import fmt_pair, fmt_pct, fmt_pp, fmt_rate, fmt_tolerance
 from pytest_llmperf.jsonio import JsonFloat
 
 if TYPE_CHECKING:
@@ -269,7 +269,7 @@ class Comparison:
         tolerance −4.76%)``: the tolerance bound on the side of the change (module docstring)."""
         if self.unit == "fraction":
             # An error rate: values as percentages, changes in percentage points (compare_counts).
-            head = f"{self.name} {_fmt_rate(self.baseline_value)} → {_fmt_rate(self.candidate_value)}"
+            head = f"{self.name} {fmt_rate(self.baseline_value)} → {fmt_rate(self.candidate_value)}"
         else:
             values = fmt_pair(self.baseline_value, self.candidate_value, self.unit)
             head = f"{self.name} {values}" if values else self.name
@@ -277,7 +277,7 @@ class Comparison:
             return f"{head} (not gated: {self.reason})" if self.reason else head
         level = f"{self.confidence * 100:g}% CI"
         if self.unit == "fraction":
-            parts = [_fmt_pp(self.change), f"{level} {_fmt_pp(self.ci_low)} … {_fmt_pp(self.ci_high)}",
+            parts = [fmt_pp(self.change), f"{level} {fmt_pp(self.ci_low)} … {fmt_pp(self.ci_high)}",
                      f"tolerance {self.tolerance * 100:.2g} pp"]
         else:
             # The bound on the side of the change (on the bad side when there is none).
@@ -1122,14 +1122,6 @@ def _geomean(arr: np.ndarray) -> float:
 def _preview(arr: np.ndarray) -> str:
     shown = ", ".join(f"{v:g}" for v in arr[:3])
     return shown + (", …" if arr.size > 3 else "")
-
-
-def _fmt_rate(v: float) -> str:
-    return "–" if math.isnan(v) else f"{v * 100:.2f}%"
-
-
-def _fmt_pp(v: float) -> str:
-    return f"{v * 100:+.2f} pp".replace("-", "−")
 
 
 def _float_from_json(v: JsonFloat, key: str) -> float:

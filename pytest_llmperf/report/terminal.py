@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from pytest_llmperf.formatting import fmt_s, table
+from pytest_llmperf.formatting import fmt_pct, fmt_s, table
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -82,10 +82,6 @@ def _value(v: float, unit: str) -> str:
     return f"{v:.3g} {unit}".strip()
 
 
-def _pct(x: float) -> str:
-    return "-" if x != x else f"{x * 100:+.1f}%"
-
-
 def verdict_lines(runs: Sequence[RunComparison], not_comparable: Mapping[str, str] | None = None) -> list[str]:
     """The verdict table, one row per gated statistic (test, statistic, baseline → candidate,
     change, confidence interval, verdict), then why each verdict other than UNCHANGED
@@ -97,9 +93,9 @@ def verdict_lines(runs: Sequence[RunComparison], not_comparable: Mapping[str, st
     rows = []
     for run in runs:
         for c in run.comparisons:
-            ci = f"{_pct(c.ci_low)} … {_pct(c.ci_high)}" if c.gated else "-"
+            ci = f"{fmt_pct(c.ci_low)} … {fmt_pct(c.ci_high)}" if c.gated else "-"
             rows.append([labels[run.key], c.name, f"{_value(c.baseline_value, c.unit)} → {_value(c.candidate_value, c.unit)}",
-                         _pct(c.change), ci, c.verdict.value.upper()])
+                         fmt_pct(c.change), ci, c.verdict.value.upper()])
     lines = []
     if rows:
         confidence = next((f"{c.confidence * 100:g}% CI" for r in runs for c in r.comparisons), "CI")
