@@ -1,5 +1,6 @@
 """A simulator subprocess for the workload-kind tests (datasets, traces, conversations)."""
 
+import signal
 import sys
 
 from pytest_llmperf.load.runner import Runner
@@ -22,3 +23,10 @@ def launch_sim(tmp_path_factory, *args):
 
 def runner(root, **kwargs):
     return Runner(root + "/v1", RunnerConfig(metrics_url=root + "/metrics", **kwargs))
+
+
+def interruptible() -> None:
+    """``preexec_fn`` for a child a test interrupts with SIGINT: a test command started in the
+    background (``bash scripts/test.sh &`` in a non-interactive shell) inherits SIGINT ignored,
+    and a Python child that starts with it ignored never raises KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

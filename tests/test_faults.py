@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 from badservers import BadServer
+from simhelp import interruptible
 
 from pytest_llmperf.baseline.store import BaselineStore
 
@@ -311,7 +312,7 @@ def test_signal_stops_everything_and_keeps_what_was_measured(pytester, sig, when
     proc = subprocess.Popen(
         [sys.executable, "-X", "faulthandler", "-m", "pytest", *command_server(*flags), "--llmperf-startup-timeout", "60",
          "--llmperf-store", str(store), "--llmperf-save", "main", "--llmperf-trials", "1"],
-        cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=interruptible,
     )
     trigger = pid_file if when == "startup" else pytester.path / "long-run-started"
     deadline = time.monotonic() + 30

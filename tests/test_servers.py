@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from simhelp import interruptible
 
 import pytest_llmperf
 from pytest_llmperf.servers import (
@@ -663,7 +664,7 @@ def test_ctrl_c_during_startup_leaves_no_process(server_script: Path, tmp_path: 
     driver.write_text(INTERRUPT_SCRIPT)
     out = subprocess.run(
         [PY, str(driver), str(server_script), str(pidfile), str(tmp_path / "srv.log"), "1" if use_reaper else "0"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True, text=True, timeout=60, preexec_fn=interruptible,
     )
     assert out.returncode == 0, out.stderr
     words = out.stdout.split()
