@@ -29,7 +29,7 @@ ANSWER = 128  # tokens per answer, fixed (ignore_eos): goodput x ANSWER is the o
 @slo(tpot_p50=0.05, goodput_min_rps=2.0, error_rate=0.0)
 def test_offline_throughput(llmperf):
     result = llmperf.run(Workload(input_tokens=512, output_tokens=ANSWER, concurrency=32, num_requests=64))
-    assert result.summary.output_tokens_total == ANSWER * 64 * len(result.trials)
+    assert result.summary.output_tokens_total == ANSWER * result.workload.num_requests * len(result.trials)
 
 
 # Online latency at a fixed request rate (request_rate=8, num_prompts=40 in an engine's benchmark),
@@ -39,7 +39,7 @@ def test_offline_throughput(llmperf):
 def test_online_latency(llmperf):
     result = llmperf.run(Workload(input_tokens=256, output_tokens=ANSWER, rate_rps=8, num_requests=40,
                                   warmup_requests=4))
-    assert result.summary.completed == 40 * len(result.trials)
+    assert result.summary.completed == result.workload.num_requests * len(result.trials)
 
 
 # Long prompts, short answers: prefill-bound, so TTFT is the number (~0.12 s here; ceiling 1 s).
@@ -48,5 +48,5 @@ def test_online_latency(llmperf):
 def test_long_prompt_prefill(llmperf):
     result = llmperf.run(Workload(input_tokens=4096, output_tokens=16, rate_rps=4, num_requests=24,
                                   warmup_requests=2, cache="cold"))
-    assert result.summary.completed == 24 * len(result.trials)
+    assert result.summary.completed == result.workload.num_requests * len(result.trials)
     assert {r.prompt_tokens for r in result.records if r.ok} == {4096}

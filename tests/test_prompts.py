@@ -1,5 +1,8 @@
 import asyncio
 
+import pytest
+
+import pytest_llmperf.load.runner as runner_module
 from pytest_llmperf.load.prompts import SALT_WORDS, PromptFactory, calibrate_with_tokenizer, fit_from_usage
 from pytest_llmperf.workload import Workload
 
@@ -81,3 +84,32 @@ def test_mixed_types_follow_weights():
     assert 0.72 < share < 0.78
     rag = next(factory.make(i) for i in range(100) if factory.make(i).request_type == "rag")
     assert rag.max_tokens == 5 and rag.prompt_tokens_expected == 500
+
+
+@pytest.mark.integration
+def test_a_session_calibrates_once_per_server_not_once_per_test(pytester, monkeypatch):
+    # The plugin builds a Runner for every llmperf.run; the session's TokenModels keeps the fitted
+    # model, so the second test (and the capacity search's steps) reuse the first test's.
+    calls = []
+    real = runner_module.calibrate_with_tokenizer
+
+    async def counted(counter, api):
+        calls.append(api)
+        return await real(counter, api)
+
+    monkeypatch.setattr(runner_module, "calibrate_with_tokenizer", counted)
+    pytester.makepyfile(
+        """
+        from pytest_llmperf import Workload
+
+        def test_one(llmperf):
+            result = llmperf.run(Workload(input_tokens=64, output_tokens=4, rate_rps=50, num_requests=5))
+            assert result.token_model["source"] == "tokenize"
+
+        def test_two(llmperf):
+            result = llmperf.run(Workload(input_tokens=64, output_tokens=4, rate_rps=50, num_requests=5))
+            assert result.token_model["source"] == "tokenize"
+        """
+    )
+    pytester.runpytest("--llmperf-sim-preset", "tiny", "-p", "no:cacheprovider").assert_outcomes(passed=2)
+    assert calls == ["chat"]

@@ -3,7 +3,10 @@ import json
 
 import numpy as np
 import pytest
+import saved
 
+from pytest_llmperf.baseline.compare import shortened
+from pytest_llmperf.baseline.samples import pack_samples, unpack_samples
 from pytest_llmperf.traffic.datasets import DatasetError
 from pytest_llmperf.traffic.traces import TraceError
 from pytest_llmperf.workload import LengthDist, Workload, WorkloadError, load_workload, load_workloads
@@ -20,6 +23,12 @@ def test_replace_keeps_validated_fields():
     w = Workload(input_tokens=256, output_tokens=128, rate_rps=4, duration_s=10, warmup_s=2)
     half = w.scaled(0.5)
     assert half.duration_s == 5 and half.warmup_s == 1
+    counted = Workload(input_tokens=256, output_tokens=128, rate_rps=4, num_requests=40, warmup_requests=3)
+    assert (counted.scaled(0.3).num_requests, counted.scaled(0.3).warmup_requests) == (12, 1)
+    # a closed loop keeps one full wave: fewer streams would be another load, not a shorter one
+    wave = Workload(input_tokens=64, output_tokens=1024, concurrency=8, num_requests=8)
+    assert wave.scaled(0.3).num_requests == 8
+    assert Workload(input_tokens=64, output_tokens=16, concurrency=8, num_requests=64).scaled(0.3).num_requests == 20
     assert dataclasses.replace(w, seed=3).input_tokens == w.input_tokens
 
 
@@ -249,3 +258,14 @@ def test_a_corrupt_file_fails_the_hash_with_the_readers_message(tmp_path):
         _dataset_hash(data)
     with pytest.raises(TraceError, match=r"gone.jsonl: cannot read trace file"):
         _trace_hash(tmp_path / "gone.jsonl")
+
+
+@pytest.mark.parametrize("bound", [dict(duration_s=10.0), dict(num_requests=40)])
+def test_the_gates_preview_of_a_smoke_run_shortens_timed_and_counted_workloads_alike(bound):
+    # --llmperf-duration-scale shortens both kinds of workload, so the session's up-front note of
+    # what it cannot judge must see both as shortened.
+    workload = Workload(input_tokens=64, output_tokens=16, rate_rps=4, **bound)
+    full = saved.entry([saved.trial(stats={"ttft_p95": 0.1}, samples={"ttft_s": pack_samples(np.ones(40))})],
+                       workload=workload)
+    short = shortened(full, 0.25)
+    assert unpack_samples(short["trials"][0]["samples"]["ttft_s"]).shape == (10,)

@@ -224,12 +224,12 @@ def precision_floor(entry: SavedEntry, g: GatedStat, *, measured_spread: bool = 
 
 def shortened(entry: SavedEntry, scale: float) -> SavedEntry:
     """What ``entry``'s trials would hold if its workload ran ``scale`` times as long
-    (``--llmperf-duration-scale``, which shortens timed workloads only): each trial's per-request
-    samples cut to the first ⌈scale·n⌉, the summary's sample counts scaled alike. For asking
-    :func:`precision_floor` about a shortened run before it is made; the entry itself when
-    nothing would change."""
+    (``--llmperf-duration-scale``, which shortens timed and request-bounded workloads, not trace
+    replays): each trial's per-request samples cut to the first ⌈scale·n⌉, the summary's sample
+    counts scaled alike. For asking :func:`precision_floor` about a shortened run before it is
+    made; the entry itself when nothing would change."""
     workload = entry.get("workload")
-    if scale >= 1 or workload is None or workload.get("duration_s") is None:
+    if scale >= 1 or workload is None or (workload.get("duration_s") is None and workload.get("num_requests") is None):
         return entry
 
     def cut(packed: PackedSamples) -> PackedSamples:

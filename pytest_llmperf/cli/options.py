@@ -157,7 +157,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("ab-sim-args", "A/B mode: extra simulator flags for a simulated reference, e.g. \"--launch-jitter 0.03\"",
                "", _shell_words),
     OptionSpec("api-key-env", "environment variable holding the API key (never printed)"),
-    OptionSpec("duration-scale", "multiply every workload's duration and warm-up (e.g. 0.2 for smoke runs)", 1.0, _positive_float),
+    OptionSpec("duration-scale", "multiply every workload's duration, request count and warm-up (e.g. 0.2 for smoke runs)", 1.0, _positive_float),
     OptionSpec("startup-timeout", "seconds to wait for a launched server to become ready", 600.0, _positive_float),
     OptionSpec("report-dir", "where server logs and reports go", f"{DEFAULT_STORE}/report"),
     OptionSpec("save", "save this session's results as baseline NAME (e.g. main)"),

@@ -89,6 +89,23 @@ class TokenModel:
                 "vocab_size": len(self.vocab)}
 
 
+class TokenModels:
+    """Fitted token models by server, model and API, shared by the Runners of one session.
+
+    A calibration is ~150 ``/tokenize`` requests (about half a second against the simulator,
+    more against an engine), and the plugin builds a Runner for every ``llmperf.run``: without a
+    shared cache every test of a suite would calibrate again against the same tokenizer."""
+
+    def __init__(self) -> None:
+        self._models: dict[tuple[str, str, str], TokenModel] = {}
+
+    def get(self, base_url: str, model: str, api: str) -> TokenModel | None:
+        return self._models.get((base_url, model, api))
+
+    def put(self, base_url: str, model: str, api: str, token_model: TokenModel) -> None:
+        self._models[(base_url, model, api)] = token_model
+
+
 async def _count(counter: TokenCounter, api: str, text: str) -> int | None:
     if api == "chat":
         tokens = await counter.tokenize(messages=[{"role": "user", "content": text}])

@@ -33,6 +33,7 @@ from pytest_llmperf.load.multiturn import ConversationLoad
 from pytest_llmperf.load.prompts import (
     PromptFactory,
     TokenModel,
+    TokenModels,
     calibrate_with_tokenizer,
     estimated_model,
     exact_prompts,
@@ -74,7 +75,8 @@ class RunError(LLMPerfError, RuntimeError):
 class Runner:
     """Bound to one server; runs workloads against it as ``config`` says."""
 
-    def __init__(self, base_url: str, config: RunnerConfig | None = None) -> None:
+    def __init__(self, base_url: str, config: RunnerConfig | None = None, *,
+                 token_models: TokenModels | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.config = config if config is not None else RunnerConfig()
         # The served model: the config's, else the first the server lists (resolved on first use).
@@ -84,7 +86,9 @@ class Runner:
 
             ray_load.require_ray()  # a missing extra fails here, before anything runs
         self.cache_resets_failed = 0
-        self._token_models: dict[str, TokenModel] = {}
+        # Calibrations by (server, model, API); the plugin passes its session's, so a suite
+        # calibrates once per server, not once per test.
+        self._token_models = token_models if token_models is not None else TokenModels()
 
     def __repr__(self) -> str:  # never show the key
         return f"Runner({self.base_url!r}, model={self.model!r})"
@@ -177,8 +181,9 @@ class Runner:
         return self.model
 
     async def _token_model(self, api: str, model: str, timeout_s: float | None = None) -> TokenModel:
-        if api in self._token_models:
-            return self._token_models[api]
+        cached = self._token_models.get(self.base_url, model, api)
+        if cached is not None:
+            return cached
         async with self._client(time.perf_counter(), timeout_s=timeout_s) as client:
             token_model = None
             try:
@@ -187,7 +192,7 @@ class Runner:
                 token_model = None
             if token_model is None:
                 token_model = await self._probe_usage(client, api)
-        self._token_models[api] = token_model
+        self._token_models.put(self.base_url, model, api, token_model)
         return token_model
 
     async def _reset_cache(self) -> None:

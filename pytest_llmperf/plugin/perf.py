@@ -148,7 +148,7 @@ class LLMPerf:
         return result
 
     def _runner(self, server: ServerInfo, printer: ProgressPrinter) -> Runner:
-        return Runner(server.base_url, self._runner_config(server, printer))
+        return Runner(server.base_url, self._runner_config(server, printer), token_models=self._session.token_models)
 
     def _runner_config(self, server: ServerInfo, printer: ProgressPrinter) -> RunnerConfig:
         """How this session drives ``server``: one config for test runs and capacity searches,
@@ -287,7 +287,7 @@ class LLMPerf:
             # A step that fell behind is the search's answer, not a run to repeat.
             config = dataclasses.replace(self._runner_config(server, printer), rerun_invalid=False,
                                          overload=OverloadGuard())
-            runner = Runner(server.base_url, config)
+            runner = Runner(server.base_url, config, token_models=self._session.token_models)
             return search(workload, lambda w: runner.run(w, slo=self.slo), plan)
 
         session = self._session

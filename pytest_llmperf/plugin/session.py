@@ -26,6 +26,7 @@ from pytest_llmperf.baseline.store import BaselineMissing, BaselineStore, StoreE
 from pytest_llmperf.cli.options import LLMPerfOptions, OptionError, api_key_from_env
 from pytest_llmperf.errors import pytest_flag
 from pytest_llmperf.fingerprint import FingerprintMismatch
+from pytest_llmperf.load.prompts import TokenModels
 from pytest_llmperf.objectives import SLOCheck, SLOCheckDict
 from pytest_llmperf.plugin import distributed
 from pytest_llmperf.plugin.launch_plan import LaunchPlan
@@ -75,6 +76,8 @@ class LLMPerfSession:
         self.config = config
         self.options = options
         self.reaper = ProcessReaper()
+        # One calibration of the prompt token model per server and API for the whole session.
+        self.token_models = TokenModels()
         try:
             api_key = api_key_from_env(options.api_key_env, "--llmperf-api-key-env")
         except OptionError as exc:
