@@ -6,8 +6,8 @@ directory in every session, so this also holds the workload fingerprint to the f
 (a hash of the path made every saved `main` incomparable for those tests).
 
 Sized for a shared 2-core machine: the README's smoke scale, ``--llmperf-duration-scale 0.3``,
-and one trial per workload (about 90 s a session against the simulator). Trace replays and the
-1,024-token long-generation wave do not scale with it. At 0.2 the cold long-context test draws 5
+and one trial per workload. The scale shortens timed and request-bounded workloads alike; trace
+replays and the 1,024-token long-generation wave (one closed-loop wave) keep their length. At 0.2 the cold long-context test draws 5
 requests whose TTFT p50 (~735 ms) breaks its absolute 600 ms SLO in both sessions, so 0.3 it is.
 """
 
