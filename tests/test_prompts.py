@@ -3,7 +3,13 @@ import asyncio
 import pytest
 
 import pytest_llmperf.load.runner as runner_module
-from pytest_llmperf.load.prompts import SALT_WORDS, PromptFactory, calibrate_with_tokenizer, fit_from_usage
+from pytest_llmperf.load.prompts import (
+    COMMON_WORDS,
+    SALT_WORDS,
+    PromptFactory,
+    calibrate_with_tokenizer,
+    fit_from_usage,
+)
 from pytest_llmperf.workload import Workload
 
 
@@ -33,6 +39,21 @@ def test_calibration_keeps_single_token_words_and_fits_the_overhead():
     assert model.slope == 1.0 and model.overhead == 7.0
     comp = asyncio.run(calibrate_with_tokenizer(FakeTokenizer(), "completions"))
     assert comp.overhead == 1.0
+
+
+def test_calibration_finds_the_same_words_as_asking_word_by_word_in_a_fraction_of_the_requests():
+    class Counting(FakeTokenizer):
+        requests = 0
+
+        async def tokenize(self, text=None, messages=None):
+            self.requests += 1
+            return await super().tokenize(text, messages)
+
+    tokenizer = Counting()
+    model = asyncio.run(calibrate_with_tokenizer(tokenizer, "completions"))
+    assert model.vocab == tuple(w for w in COMMON_WORDS if len(w) <= 5)  # every single, in order
+    # 9 two-token words in 145 cost halvings; a tokenizer that splits none of them needs ~10 requests
+    assert tokenizer.requests < len(COMMON_WORDS) / 2
 
 
 def test_no_tokenize_endpoint_returns_none_and_usage_fit_works():
