@@ -37,7 +37,6 @@ SERIAL: dict[str, frozenset[str] | None] = {
         "test_aa_passes_and_slowdown_regresses_tpot_and_goodput", "test_trials_mode_aa_passes_and_slowdown_regresses",
         "test_improvement_reads_improved",
     }),
-    "test_compare_cli.py": None,  # every test shares one module fixture: main, A/A and slowed sessions
     "test_one_gate.py": None,
     # the README's save-then-gate flow: the example suites' absolute SLO limits must hold
     "test_example_flow.py": None,
