@@ -1,18 +1,32 @@
-"""Main's history: session values, change points (ruptures + a permutation test) and
-`llmperf history`."""
+"""Main's history: session values, change points (ruptures + a permutation test), `llmperf
+history`, and what the gate says of a short or rebased history. Histories are written through the
+store's API (tests/saved.py); the tests of the plugin's output run the sessions they are about."""
 
 import json
 import math
 import re
 import warnings
+from typing import Any
 
 import numpy as np
 import pytest
 import saved
 
 from pytest_llmperf.baseline.history import change_points, load_history, session_value
+from pytest_llmperf.baseline.schema import session_document
 from pytest_llmperf.baseline.store import BaselineStore, StoreWarning
 from pytest_llmperf.cli.main import main as cli_main
+from pytest_llmperf.objectives import SLO
+from pytest_llmperf.workload import Workload
+
+# pytester's in-process sessions drop the modules first imported during a session, so each would
+# import matplotlib again for its plots (about 2 s); imported here, it stays.
+try:
+    import matplotlib.backends.backend_agg  # noqa: F401
+    import matplotlib.figure  # noqa: F401
+    import matplotlib.ticker  # noqa: F401
+except ImportError:  # plots are optional: the sessions then write none
+    pass
 
 KEY = "test_chat.py::test_chat#0"
 
@@ -158,19 +172,38 @@ def test_session_cv_option_defaults_to_the_gates_prior():
 
 
 # ---------------------------------------------------------------------- through pytest
+#
+# One session per behaviour, against a `main` history written through the store's API (a run of
+# test_tiny as a session on the tiny simulator saves it): these tests read what the plugin says,
+# not what it measured, and run in parallel with the rest.
 
-SUITE = """
+SUITE_ARGS: dict[str, Any] = {"input_tokens": 64, "output_tokens": 16, "rate_rps": 40, "num_requests": 30, "warmup_requests": 3}
+SUITE_WORKLOAD = Workload(**SUITE_ARGS)
+SUITE_SLO = SLO.parse({"tpot_p50": 0.05})
+SUITE_KEY = "test_tiny.py::test_tiny#0"
+SUITE = f"""
 from pytest_llmperf import Workload, slo
 
 
 @slo(tpot_p50=0.05)
 def test_tiny(llmperf):
-    llmperf.run(Workload(input_tokens=64, output_tokens=16, rate_rps=20, num_requests=30, warmup_requests=3))
+    llmperf.run(Workload(**{SUITE_ARGS!r}))
 """
 
 
 def _session(pytester, *args):
     return pytester.runpytest("-p", "no:cacheprovider", "--llmperf-sim-preset", "tiny", "--llmperf-trials", "2", *args)
+
+
+def _save_main(pytester) -> BaselineStore:
+    """One `main` session of test_tiny, two trials, in the session's default store: a little
+    slower than the tiny simulator answers (~3.5 ms to first token, ~1.2 ms per token), so a
+    session measured on a busy machine does not read REGRESSED; what it says is what is tested."""
+    fingerprint = saved.sim_fingerprint(SUITE_WORKLOAD, SUITE_SLO, "tiny")
+    entry = saved.chat_entry(SUITE_WORKLOAD, SUITE_SLO, tpot_s=0.0014, ttft_s=0.004, fingerprint=fingerprint)
+    store = BaselineStore(pytester.path / ".llmperf")
+    store.save("main", session_document({SUITE_KEY: entry}))
+    return store
 
 
 def _tpot_method(pytester, report_dir) -> str:
@@ -184,15 +217,22 @@ def _detectable(method: str) -> float:
 
 
 @pytest.mark.integration
-def test_session_cv_sets_the_prior_of_a_short_history(pytester):
+def test_session_cv_sets_the_prior_of_a_short_history(pytester, capsys):
+    """--llmperf-session-cv sets the prior the gate assumes for session noise while main's
+    history is too short to measure it (the default prior reads 5.0%: the rebase test below); the
+    same two sessions judged with the default prior (`llmperf compare`, the same gate) detect less."""
     pytester.makepyfile(test_tiny=SUITE)
-    _session(pytester, "--llmperf-save", "main").assert_outcomes(passed=1)
-    _session(pytester, "--llmperf-baseline", "main", "--llmperf-report-dir", "r-default").assert_outcomes(passed=1)
-    _session(pytester, "--llmperf-baseline", "main", "--llmperf-session-cv", "0.02",
+    store = _save_main(pytester)
+    _session(pytester, "--llmperf-baseline", "main", "--llmperf-session-cv", "0.02", "--llmperf-save", "candidate",
              "--llmperf-report-dir", "r-2").assert_outcomes(passed=1)
-    default, tight = _tpot_method(pytester, "r-default"), _tpot_method(pytester, "r-2")
-    assert "session model: 1 main session(s) (prior) of 1 launch(es), candidate 1 launch(es); session CV 5.0% (prior), beyond the session-wide shift 5.0%" in default
+    tight = _tpot_method(pytester, "r-2")
     assert "session model: 1 main session(s) (prior) of 1 launch(es), candidate 1 launch(es); session CV 2.0% (prior), beyond the session-wide shift 2.0%" in tight
+    assert cli_main(["compare", "main", "candidate", "--store", str(store.root), "--json",
+                     str(pytester.path / "default.json")]) == 0
+    capsys.readouterr()
+    doc = json.loads((pytester.path / "default.json").read_text())
+    [default] = [v["method"] for v in doc["tests"][0]["runs"][0]["verdicts"] if v["name"] == "tpot_p50"]
+    assert "session CV 5.0% (prior), beyond the session-wide shift 5.0%" in default
     assert _detectable(tight) < _detectable(default)
 
 
@@ -213,8 +253,8 @@ def test_a_bad_session_cv_is_a_usage_error_naming_the_option(pytester, args, ini
 @pytest.mark.integration
 def test_the_gate_says_when_mains_history_was_rebased_and_learns_only_from_after(pytester):
     pytester.makepyfile(test_tiny=SUITE)
-    _session(pytester, "--llmperf-save", "main").assert_outcomes(passed=1)
-    BaselineStore(pytester.path / ".llmperf").rebase("main", "H200 nodes, driver 560")
+    store = _save_main(pytester)  # main's history on the old setup
+    store.rebase("main", "H200 nodes, driver 560")
     # rebased, nothing saved since: the gate says so and has no baseline yet (not a failure)
     first = _session(pytester, "--llmperf-baseline", "main", "--llmperf-save", "main")
     first.assert_outcomes(passed=1)
@@ -223,9 +263,10 @@ def test_the_gate_says_when_mains_history_was_rebased_and_learns_only_from_after
     second = _session(pytester, "--llmperf-baseline", "main", "--llmperf-report-dir", "r-after")
     second.assert_outcomes(passed=1)
     second.stdout.fnmatch_lines(["llmperf: history of 'main' rebased on * UTC: H200 nodes, driver 560; 1 session(s) since"])
-    # two sessions in the store, one counts
-    assert len(BaselineStore(pytester.path / ".llmperf").runs("main")) == 2
-    assert "session model: 1 main session(s) (prior)" in _tpot_method(pytester, "r-after")
+    # two sessions in the store, one counts: judged on the default prior
+    assert len(store.runs("main")) == 2
+    assert ("session model: 1 main session(s) (prior) of 1 launch(es), candidate 1 launch(es); session CV 5.0% (prior)"
+            in _tpot_method(pytester, "r-after"))
     # The reports say it too: the JSON document's baseline and the Markdown summary.
     doc = json.loads((pytester.path / "r-after" / "llmperf.json").read_text())
     assert "rebased on" in doc["baseline"]["history"] and "H200 nodes, driver 560" in doc["baseline"]["history"]
