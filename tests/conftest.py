@@ -12,6 +12,15 @@ import pytest_llmperf.plugin.perf  # noqa: F401
 import pytest_llmperf.plugin.summary  # noqa: F401
 import pytest_llmperf.sim.server  # noqa: F401
 
+# The same rule, for speed: every session writes plots at its end, and each in-process run would
+# import matplotlib again (about 2 s a session) unless it is imported here.
+try:
+    import matplotlib.backends.backend_agg  # noqa: F401
+    import matplotlib.figure  # noqa: F401
+    import matplotlib.ticker  # noqa: F401
+except ImportError:  # plots are optional: the sessions then write none
+    pass
+
 TESTS = Path(__file__).resolve().parent
 
 

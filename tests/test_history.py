@@ -19,15 +19,6 @@ from pytest_llmperf.cli.main import main as cli_main
 from pytest_llmperf.objectives import SLO
 from pytest_llmperf.workload import Workload
 
-# pytester's in-process sessions drop the modules first imported during a session, so each would
-# import matplotlib again for its plots (about 2 s); imported here, it stays.
-try:
-    import matplotlib.backends.backend_agg  # noqa: F401
-    import matplotlib.figure  # noqa: F401
-    import matplotlib.ticker  # noqa: F401
-except ImportError:  # plots are optional: the sessions then write none
-    pass
-
 KEY = "test_chat.py::test_chat#0"
 
 

@@ -24,15 +24,6 @@ import pytest
 
 from pytest_llmperf.cli.compare import compare_main
 
-# pytester's in-process sessions drop the modules first imported during a session, so each would
-# import matplotlib again for its plots (about 2 s); imported here, it stays.
-try:
-    import matplotlib.backends.backend_agg  # noqa: F401
-    import matplotlib.figure  # noqa: F401
-    import matplotlib.ticker  # noqa: F401
-except ImportError:  # plots are optional: the sessions then write none
-    pass
-
 pytestmark = pytest.mark.integration
 
 SUITE = """
