@@ -121,7 +121,7 @@ def test_closed_loop_divides_concurrency_and_requests_over_ray_workers(sim, ray_
 def test_a_node_that_dies_mid_run_leaves_its_share_missing_and_the_run_invalid(sim, ray_cluster):
     from ray.util import list_named_actors
 
-    w = Workload(input_tokens=32, output_tokens=8, rate_rps=40, arrival="constant", duration_s=3, seed=2)
+    w = Workload(input_tokens=32, output_tokens=8, rate_rps=40, arrival="constant", duration_s=2, seed=2)
     killed = []
 
     def kill_worker_1() -> None:
@@ -152,7 +152,7 @@ def test_a_node_that_dies_mid_run_leaves_its_share_missing_and_the_run_invalid(s
     assert len(missing) == 1 and "arrivals with index % 2 == 1" in missing[0] and "is missing" in missing[0]
     # The surviving node's records are kept: every even index, none of the odd ones.
     indices = [r.index for r in result.trials[0].records]
-    assert len(indices) >= 55 and all(i % 2 == 0 for i in indices)  # 3 s at 40 req/s: 60 of 120
+    assert len(indices) >= 36 and all(i % 2 == 0 for i in indices)  # 2 s at 40 req/s: 40 of 80
     assert result.trials[0].invalid_reasons == result.trials[0].distributed.to_dict()["reasons"]
 
 
