@@ -80,13 +80,14 @@ def _schedule(result):
 
 
 def test_one_process_two_local_workers_and_two_ray_workers_send_the_same_schedule(sim, ray_cluster):
-    w = Workload(input_tokens=64, output_tokens=16, rate_rps=50, arrival="poisson", num_requests=100,
+    # 50 requests: the three throughputs agree to ~0.1% (the schedule sets the window), 5% allowed
+    w = Workload(input_tokens=64, output_tokens=16, rate_rps=50, arrival="poisson", num_requests=50,
                  warmup_requests=4, seed=11)
     one = Runner(sim.base_url).run(w)
     local = Runner(sim.base_url, RunnerConfig(workers=2)).run(w)
     on_ray = Runner(sim.base_url, RunnerConfig(ray_address="auto", ray_workers=2)).run(w)
     counts = [(r.summary.requests, r.summary.completed, len(r.trials[0].records)) for r in (one, local, on_ray)]
-    assert counts == [(100, 100, 104)] * 3
+    assert counts == [(50, 50, 54)] * 3
     assert _schedule(one) == _schedule(local) == _schedule(on_ray)
     for other in (local, on_ray):
         assert other.summary.request_throughput_rps == pytest.approx(one.summary.request_throughput_rps, rel=0.05)
@@ -98,11 +99,11 @@ def test_one_process_two_local_workers_and_two_ray_workers_send_the_same_schedul
     assert dist["backend"] == "ray" and dist["workers"] == 2 and dist["reasons"] == []
     nodes = dist["nodes"]
     assert [n["share"] for n in nodes] == ["arrivals with index % 2 == 0", "arrivals with index % 2 == 1"]
-    assert [n["requests"] for n in nodes] == [52, 52] and {n["status"] for n in nodes} == {"ok"}
+    assert [n["requests"] for n in nodes] == [27, 27] and {n["status"] for n in nodes} == {"ok"}
     for n in nodes:  # one machine: the offset is ~0, known to well under the 5 ms bound
         assert abs(n["clock_offset_s"]) < 0.005 and 0 < n["clock_uncertainty_s"] < 0.005
     # Records from the two nodes interleave in schedule order on the driver's time axis.
-    assert sorted(r.index for r in on_ray.trials[0].records) == list(range(104))
+    assert sorted(r.index for r in on_ray.trials[0].records) == list(range(54))
     assert max(r.dispatch_lag_s for r in on_ray.trials[0].measured) < 0.05
 
 
