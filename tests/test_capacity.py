@@ -133,7 +133,10 @@ def test_capacity_matches_the_simulators_saturation_and_drops_with_a_slowdown(tm
     10% of the rate where the simulator's own scheduler saturates, and lower at --slowdown 1.3."""
     workload = Workload(input_tokens=1024, output_tokens=16, rate_rps=12, arrival="constant", duration_s=3)
     slo = SLO.parse({"ttft_p95": 1.0})
-    plan = SearchPlan(start_rps=12, step_s=3, warmup_s=1, precision=0.06, slo_attainment=0.95)
+    # Started near both capacities (about 35 and 27 rps) with a small growth, the searches spend
+    # their 4-5 steps bracketing them rather than doubling up from far below (7 steps each from
+    # 12 rps); expanding then bisecting is test_search_expands_then_bisects_to_the_capacity.
+    plan = SearchPlan(start_rps=24, growth=1.25, step_s=3, warmup_s=1, precision=0.06, slo_attainment=0.95)
 
     def find(slowdown: float):
         proc = _sim(slowdown, tmp_path)

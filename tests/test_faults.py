@@ -80,6 +80,15 @@ def assert_no_traceback(result: pytest.RunResult) -> None:
     assert "pytest_llmperf/" not in text and "site-packages/pytest_llmperf/" not in text
 
 
+# For pytest subprocesses (never an in-process pytester run, which shares this process's modules)
+# whose plots nothing looks at: skip drawing them (seconds with matplotlib's import), as without it.
+NO_PLOTS_CONFTEST = """
+import pytest_llmperf.report.plots
+
+pytest_llmperf.report.plots._matplotlib = lambda: None
+"""
+
+
 def command_server(*flags: str) -> list[str]:
     cmd = f"{sys.executable} {BAD_SERVERS} --port {{port}} {' '.join(flags)}"
     return ["--llmperf-server", "command", "--llmperf-server-cmd", cmd, *NO_CACHE]
@@ -304,6 +313,7 @@ def test_long(llmperf):
 )
 def test_signal_stops_everything_and_keeps_what_was_measured(pytester, sig, when):
     pytester.makepyfile(test_signals=SIGNAL_TESTS)
+    pytester.makeconftest(NO_PLOTS_CONFTEST)
     store = pytester.path / "store"
     existing = BaselineStore(store).save("main", {"tests": {}})
     before = snapshot(store)
@@ -428,6 +438,7 @@ def test_store_file_vanishing_between_listing_and_reading(pytester, bad_server, 
 def test_two_sessions_saving_the_same_name_at_once(pytester, bad_server):
     server = bad_server("ok")
     pytester.makepyfile(SAVE_TEST)
+    pytester.makeconftest(NO_PLOTS_CONFTEST)
     store = pytester.path / "store"
     cmd = [sys.executable, "-m", "pytest", *NO_CACHE, "--llmperf-url", server.base_url,
            "--llmperf-store", str(store), "--llmperf-save", "main", "--llmperf-trials", "1"]

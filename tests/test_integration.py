@@ -43,7 +43,7 @@ def _run(root, workload):
 
 
 def test_cold_run_has_no_prefix_hits_and_warm_run_hits_with_lower_ttft(sim):
-    base = dict(input_tokens=2048, output_tokens=16, rate_rps=8, num_requests=32, warmup_requests=4, seed=3)
+    base = dict(input_tokens=2048, output_tokens=16, rate_rps=8, num_requests=16, warmup_requests=4, seed=3)
     cold = _run(sim, Workload(cache="cold", **base))
     warm = _run(sim, Workload(cache="warm", **base))
     cold_tel = cold.trials[0].telemetry.to_dict()
@@ -52,7 +52,7 @@ def test_cold_run_has_no_prefix_hits_and_warm_run_hits_with_lower_ttft(sim):
     assert cold_tel["deltas"]["prefix_cache_hits"] == 0
     assert cold_tel["deltas"]["prefix_cache_queries"] > 0
     assert warm_tel["deltas"]["prefix_cache_hits"] > 0.5 * warm_tel["deltas"]["prefix_cache_queries"]
-    assert warm.summary.ttft_s.p50 < 0.6 * cold.summary.ttft_s.p50
+    assert warm.summary.ttft_s.p50 < 0.6 * cold.summary.ttft_s.p50, (warm.summary.ttft_s.p50, cold.summary.ttft_s.p50)
     # the plugin's own verification reads the same counters
     assert cold.cache_check.held is True and cold.cache_check.source == "server metrics"
     assert warm.cache_check.held is True and warm.cache_check.hit_tokens > 0
@@ -62,11 +62,11 @@ def test_cold_run_has_no_prefix_hits_and_warm_run_hits_with_lower_ttft(sim):
 
 
 def test_slowdown_scales_tpot(sim, slow_sim):
-    w = Workload(input_tokens=256, output_tokens=64, concurrency=2, num_requests=12, seed=4)
+    w = Workload(input_tokens=256, output_tokens=64, concurrency=2, num_requests=6, seed=4)
     plain = _run(sim, w)
     slow = _run(slow_sim, w)
     ratio = slow.summary.tpot_s.p50 / plain.summary.tpot_s.p50
-    assert 1.35 < ratio < 1.65
+    assert 1.35 < ratio < 1.65, ratio
 
 
 def test_fault_run_counts_its_errors(tmp_path_factory):

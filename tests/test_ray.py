@@ -80,13 +80,14 @@ def _schedule(result):
 
 
 def test_one_process_two_local_workers_and_two_ray_workers_send_the_same_schedule(sim, ray_cluster):
-    w = Workload(input_tokens=64, output_tokens=16, rate_rps=50, arrival="poisson", num_requests=100,
+    # 50 requests: the three throughputs agree to ~0.1% (the schedule sets the window), 5% allowed
+    w = Workload(input_tokens=64, output_tokens=16, rate_rps=50, arrival="poisson", num_requests=50,
                  warmup_requests=4, seed=11)
     one = Runner(sim.base_url).run(w)
     local = Runner(sim.base_url, RunnerConfig(workers=2)).run(w)
     on_ray = Runner(sim.base_url, RunnerConfig(ray_address="auto", ray_workers=2)).run(w)
     counts = [(r.summary.requests, r.summary.completed, len(r.trials[0].records)) for r in (one, local, on_ray)]
-    assert counts == [(100, 100, 104)] * 3
+    assert counts == [(50, 50, 54)] * 3
     assert _schedule(one) == _schedule(local) == _schedule(on_ray)
     for other in (local, on_ray):
         assert other.summary.request_throughput_rps == pytest.approx(one.summary.request_throughput_rps, rel=0.05)
@@ -98,11 +99,11 @@ def test_one_process_two_local_workers_and_two_ray_workers_send_the_same_schedul
     assert dist["backend"] == "ray" and dist["workers"] == 2 and dist["reasons"] == []
     nodes = dist["nodes"]
     assert [n["share"] for n in nodes] == ["arrivals with index % 2 == 0", "arrivals with index % 2 == 1"]
-    assert [n["requests"] for n in nodes] == [52, 52] and {n["status"] for n in nodes} == {"ok"}
+    assert [n["requests"] for n in nodes] == [27, 27] and {n["status"] for n in nodes} == {"ok"}
     for n in nodes:  # one machine: the offset is ~0, known to well under the 5 ms bound
         assert abs(n["clock_offset_s"]) < 0.005 and 0 < n["clock_uncertainty_s"] < 0.005
     # Records from the two nodes interleave in schedule order on the driver's time axis.
-    assert sorted(r.index for r in on_ray.trials[0].records) == list(range(104))
+    assert sorted(r.index for r in on_ray.trials[0].records) == list(range(54))
     assert max(r.dispatch_lag_s for r in on_ray.trials[0].measured) < 0.05
 
 
@@ -121,7 +122,7 @@ def test_closed_loop_divides_concurrency_and_requests_over_ray_workers(sim, ray_
 def test_a_node_that_dies_mid_run_leaves_its_share_missing_and_the_run_invalid(sim, ray_cluster):
     from ray.util import list_named_actors
 
-    w = Workload(input_tokens=32, output_tokens=8, rate_rps=40, arrival="constant", duration_s=3, seed=2)
+    w = Workload(input_tokens=32, output_tokens=8, rate_rps=40, arrival="constant", duration_s=2, seed=2)
     killed = []
 
     def kill_worker_1() -> None:
@@ -152,7 +153,7 @@ def test_a_node_that_dies_mid_run_leaves_its_share_missing_and_the_run_invalid(s
     assert len(missing) == 1 and "arrivals with index % 2 == 1" in missing[0] and "is missing" in missing[0]
     # The surviving node's records are kept: every even index, none of the odd ones.
     indices = [r.index for r in result.trials[0].records]
-    assert len(indices) >= 55 and all(i % 2 == 0 for i in indices)  # 3 s at 40 req/s: 60 of 120
+    assert len(indices) >= 36 and all(i % 2 == 0 for i in indices)  # 2 s at 40 req/s: 40 of 80
     assert result.trials[0].invalid_reasons == result.trials[0].distributed.to_dict()["reasons"]
 
 

@@ -30,7 +30,7 @@ MARKER = {marker!r}
 @slo(tpot_p50=0.05)
 def test_tiny(llmperf):
     open(MARKER, "a").close()  # proves the test body (and so the load) ran
-    llmperf.run(Workload(input_tokens=64, output_tokens=16, rate_rps=20, num_requests=30, warmup_requests=3))
+    llmperf.run(Workload(input_tokens=64, output_tokens=16, rate_rps=40, num_requests=20, warmup_requests=3))
 """
 
 
@@ -50,9 +50,16 @@ def s3_env(endpoint, monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "LLMPERF_STORE_OPTIONS"):
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_MAX_ATTEMPTS", "AWS_RETRY_MODE", "LLMPERF_STORE_OPTIONS"):
         monkeypatch.delenv(name, raising=False)
     return endpoint
+
+
+def _unreachable(monkeypatch) -> None:
+    """Point the SDK at a port nothing listens on, and let it give up at the first refused
+    connection: its default retries (with backoff, under s3fs's own) add seconds, not coverage."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
 
 
 @pytest.fixture
@@ -60,6 +67,13 @@ def bucket(s3_env):
     name = f"perf-{secrets.token_hex(4)}"
     boto3.client("s3", endpoint_url=s3_env).create_bucket(Bucket=name)
     return name
+
+
+@pytest.fixture
+def no_plots(monkeypatch):
+    """Sessions whose plots nothing here looks at skip drawing them (about 1.5 s a session), as
+    without matplotlib; tests/test_reports.py and tests/test_timeslices.py draw them."""
+    monkeypatch.setattr("pytest_llmperf.report.plots._matplotlib", lambda: None)
 
 
 def _doc(i: int) -> dict:
@@ -138,7 +152,7 @@ def test_two_concurrent_saves_under_one_name_keep_both_runs(bucket):
 def test_missing_bucket_and_unreachable_endpoint_are_clear_errors(s3_env, monkeypatch):
     with pytest.raises(StoreError, match=r"s3://no-such-bucket-x/p is not writable \(.*bucket does not exist"):
         BaselineStore("s3://no-such-bucket-x/p").check_writable()
-    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    _unreachable(monkeypatch)
     with pytest.raises(StoreError, match="not writable.*Could not connect") as excinfo:
         BaselineStore("s3://bucket/p").check_writable()
     assert SECRET not in str(excinfo.value)
@@ -169,16 +183,17 @@ def _session(pytester, *args):
 
 
 @pytest.mark.integration
-def test_sessions_save_to_s3_then_compare_history_and_list(pytester, bucket, capsys):
+def test_sessions_save_to_s3_then_compare_history_and_list(pytester, bucket, capsys, no_plots):
     url = f"s3://{bucket}/ci"
     pytester.makepyfile(test_tiny=SUITE.format(marker=str(pytester.path / "ran")))
     _session(pytester, "--llmperf-store", url, "--llmperf-save", "main").assert_outcomes(passed=1)
-    _session(pytester, "--llmperf-store", url, "--llmperf-save", "main").assert_outcomes(passed=1)
+    store = BaselineStore(url)
+    store.save("main", store.latest("main").run)  # a second session of main, through the store's API
     slow = _session(pytester, "--llmperf-store", url, "--llmperf-save", "slow", "--llmperf-baseline", "main",
                     "--llmperf-sim-args", "--slowdown 1.5")
     slow.assert_outcomes(failed=1)
     slow.stdout.fnmatch_lines(["*tpot_p50*REGRESSED*"])
-    assert len(BaselineStore(url).runs("main")) == 2 and len(BaselineStore(url).runs("slow")) == 1
+    assert len(store.runs("main")) == 2 and len(store.runs("slow")) == 1
     capsys.readouterr()
     assert cli_main(["compare", "main", "slow", "--store", url]) == 1
     assert "REGRESSED" in capsys.readouterr().out
@@ -196,7 +211,7 @@ def test_store_that_cannot_take_the_save_stops_the_session_before_any_load(pytes
     marker = pytester.path / "ran"
     pytester.makepyfile(test_tiny=SUITE.format(marker=str(marker)))
     if case == "unreachable":
-        monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+        _unreachable(monkeypatch)
     result = _session(pytester, "--llmperf-store", "s3://no-such-bucket-y/ci", "--llmperf-save", "main")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     err = result.stderr.str()
@@ -210,7 +225,7 @@ def test_store_that_cannot_take_the_save_stops_the_session_before_any_load(pytes
 def test_unreachable_store_for_the_baseline_stops_the_session_before_any_load(pytester, s3_env, monkeypatch):
     marker = pytester.path / "ran"
     pytester.makepyfile(test_tiny=SUITE.format(marker=str(marker)))
-    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    _unreachable(monkeypatch)
     result = _session(pytester, "--llmperf-store", "s3://bucket/ci", "--llmperf-baseline", "main")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "--llmperf-baseline main: baseline store s3://bucket/ci: cannot list" in result.stderr.str()
