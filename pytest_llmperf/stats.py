@@ -113,7 +113,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
-from scipy import stats as sps
 
 from pytest_llmperf import defaults, jsonio
 from pytest_llmperf.errors import InputError
@@ -122,6 +121,16 @@ from pytest_llmperf.jsonio import JsonFloat
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
+    from types import ModuleType
+
+
+def scipy_stats() -> ModuleType:
+    """``scipy.stats``, imported on first use: it takes about 0.9 s, which every pytest session
+    would pay at start-up (the plugin imports the gate while collecting) even when it compares
+    nothing: no baseline, no A/B reference."""
+    from scipy import stats
+
+    return stats
 
 __all__ = [
     "DEFAULT_ALPHA",
@@ -502,8 +511,8 @@ def compare_trials(
         p_worse = 0.0 if bad_theta > 0 else 1.0
         half = 0.0
     else:
-        p_worse = float(sps.t.sf(bad_theta / se, df))
-        half = float(sps.t.ppf(1.0 - alpha, df)) * se
+        p_worse = float(scipy_stats().t.sf(bad_theta / se, df))
+        half = float(scipy_stats().t.ppf(1.0 - alpha, df)) * se
     return _build(common, _geomean(b), _geomean(c), theta, theta - half, theta + half, p_worse)
 
 
@@ -564,8 +573,8 @@ def compare_paired(
         p_worse = 0.0 if bad_theta > 0 else 1.0
         half = 0.0
     else:
-        p_worse = float(sps.t.sf(bad_theta / se, df))
-        half = float(sps.t.ppf(1.0 - alpha, df)) * se
+        p_worse = float(scipy_stats().t.sf(bad_theta / se, df))
+        half = float(scipy_stats().t.ppf(1.0 - alpha, df)) * se
     return _build(common, _geomean(r), _geomean(c), theta, theta - half, theta + half, p_worse)
 
 
@@ -619,7 +628,7 @@ def compare_counts(
                      method="Fisher exact (one-sided) on pooled failures; Newcombe interval")
     if nb == 0 or nc == 0:
         return _not_gated(common, "no measured requests on a side", baseline_value=pb, candidate_value=pc)
-    z = float(sps.norm.ppf(1.0 - alpha))
+    z = float(scipy_stats().norm.ppf(1.0 - alpha))
     lc, uc = _wilson(kc, nc, z)
     lb, ub = _wilson(kb, nb, z)
     d = pc - pb
@@ -628,7 +637,7 @@ def compare_counts(
     if kb + kc == 0:
         p = 1.0
     else:
-        p = float(sps.fisher_exact([[kc, nc - kc], [kb, nb - kb]], alternative="greater").pvalue)
+        p = float(scipy_stats().fisher_exact([[kc, nc - kc], [kb, nb - kb]], alternative="greater").pvalue)
     theta = math.log(((kc + 0.5) / nc) / ((kb + 0.5) / nb))
     verdict, reason = decide(d, lo, hi, p, tolerance=tol, alpha=alpha, higher_is_better=False, absolute=True)
     if verdict is Verdict.INCONCLUSIVE and _wilson(0, min(nb, nc), z)[1] > floor:
@@ -812,7 +821,7 @@ def _bootstrap_p(bad_star: np.ndarray) -> float:
     mean = float(np.mean(bad_star))
     if sd == 0.0:
         return 0.0 if mean > 0 else empirical
-    return min(empirical, float(sps.norm.sf(mean / sd)))
+    return min(empirical, float(scipy_stats().norm.sf(mean / sd)))
 
 
 class _QuantileStat:
@@ -920,8 +929,8 @@ def _block_plan(arr: np.ndarray) -> _BlockPlan:
     if n < 8:
         return _BlockPlan(min(floor, max(1, n)), 0.0, 0.0)
     cap = max(1, n // 4)
-    ranks = sps.rankdata(np.nan_to_num(arr, nan=np.inf))
-    z = sps.norm.ppf((ranks - 0.5) / n)
+    ranks = scipy_stats().rankdata(np.nan_to_num(arr, nan=np.inf))
+    z = scipy_stats().norm.ppf((ranks - 0.5) / n)
     z = z - z.mean()
     if float(z @ z) == 0.0:
         return _BlockPlan(min(floor, cap), 0.0, 0.0)
@@ -989,7 +998,7 @@ def trials_needed(
         nb = n if n_baseline is None else n_baseline
         df = n + nb - 2
         ncp = delta / (sigma * math.sqrt(1.0 / n + 1.0 / nb))
-        if float(sps.nct.sf(sps.t.ppf(1.0 - alpha, df), df, ncp)) >= power:
+        if float(scipy_stats().nct.sf(scipy_stats().t.ppf(1.0 - alpha, df), df, ncp)) >= power:
             return n
     return max_trials + 1
 
@@ -1155,8 +1164,8 @@ def effective_sample_size(x: Any) -> float:
     if n < 8:
         return float(n)
     filled = np.where(np.isnan(arr), np.inf, arr)
-    ranks = sps.rankdata(filled)
-    scores = sps.norm.ppf((ranks - 0.5) / n)
+    ranks = scipy_stats().rankdata(filled)
+    scores = scipy_stats().norm.ppf((ranks - 0.5) / n)
     scores = scores - scores.mean()
     var = float(np.dot(scores, scores))
     if var <= 0:

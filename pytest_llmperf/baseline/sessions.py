@@ -79,9 +79,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
-from scipy import stats as sps
 
 from pytest_llmperf.defaults import DEFAULT_SESSION_CV
+from pytest_llmperf.stats import scipy_stats
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -436,13 +436,13 @@ class SessionTest:
 
 def quantile(p: float, df: float) -> float:
     """The p-quantile of Student's t with ``df`` degrees of freedom (normal when infinite)."""
-    return float(sps.norm.ppf(p)) if math.isinf(df) else float(sps.t.ppf(p, df))
+    return float(scipy_stats().norm.ppf(p)) if math.isinf(df) else float(scipy_stats().t.ppf(p, df))
 
 
 def _sf(x: float, df: float) -> float:
     if math.isnan(x):
         return math.nan
-    return float(sps.norm.sf(x)) if math.isinf(df) else float(sps.t.sf(x, df))
+    return float(scipy_stats().norm.sf(x)) if math.isinf(df) else float(scipy_stats().t.sf(x, df))
 
 
 def _test(theta: float, se: float, df: float) -> SessionTest:
