@@ -48,8 +48,7 @@ SERIAL: dict[str, frozenset[str] | None] = {
     "test_example_flow.py": None,
     "test_adaptive_trials.py": None,
     "test_ab.py": frozenset({
-        "test_a_slower_candidate_regresses_against_the_reference", "test_two_identical_servers_pass",
-        "test_reference_already_running_at_a_url", "test_bisect_exit_codes_in_ab_mode",
+        "test_a_slower_candidate_regresses_against_the_reference", "test_reference_already_running_at_a_url",
         "test_capacity_searches_are_compared_side_by_side",
     }),
     "test_bisect.py": frozenset({

@@ -24,17 +24,26 @@ SIM = ["--llmperf-sim-preset", "tiny", "-p", "no:cacheprovider", "--llmperf-tria
 SUITE = """
 from pytest_llmperf import Workload, slo
 
+# 3 A/B blocks of 16 requests: 48 a side, enough for a gated p50 (40 needed).
+SMALL = dict(output_tokens=16, rate_rps=40, num_requests=16, warmup_requests=2)
+
 
 # A loose SLO (it always holds): it makes TPOT p50 a gated statistic.
 @slo(tpot_p50=0.5)
 def test_chat(llmperf):
-    llmperf.run(Workload(input_tokens=64, output_tokens=16, rate_rps=20, num_requests=30, warmup_requests=3))
+    llmperf.run(Workload(input_tokens=64, **SMALL))
 
 
 @slo(tpot_p50=0.5)
 def test_second(llmperf):
-    llmperf.run(Workload(input_tokens=32, output_tokens=16, rate_rps=20, num_requests=20, warmup_requests=2))
+    llmperf.run(Workload(input_tokens=32, **SMALL))
 """
+
+
+def no_plots(monkeypatch) -> None:
+    """Sessions in this process write every report but the plots: they are not what the test is
+    about, and drawing them costs a second or two."""
+    monkeypatch.setattr("pytest_llmperf.report.plots._matplotlib", lambda: None)
 
 
 def report(path: Path) -> dict:
@@ -97,8 +106,12 @@ def test_the_ab_gate_shows_engine_differences_instead_of_refusing_them():
 
 @pytest.mark.integration
 def test_a_slower_candidate_regresses_against_the_reference(pytester):
+    # One test: that blocks are suite-wide (B launches a side, whatever the number of tests) is
+    # test_launches.py::test_ab_blocks_are_suite_wide. An A/A session (two identical servers
+    # read UNCHANGED) is the good step of test_bisect.py::test_git_bisect_run_in_ab_mode_needs_no_stored_baseline.
     pytester.makepyfile(SUITE)
-    result = pytester.runpytest(*SIM, "--llmperf-sim-args", "--slowdown 1.2", "--llmperf-ab-server", "sim")
+    result = pytester.runpytest(*SIM, "-k", "test_chat", "--llmperf-sim-args", "--slowdown 1.2",
+                                "--llmperf-ab-server", "sim")
     assert result.ret == 1
     result.stdout.fnmatch_lines([
         "*performance regressed against the reference (sim *) in *",
@@ -110,35 +123,24 @@ def test_a_slower_candidate_regresses_against_the_reference(pytester):
     assert "died" not in result.stdout.str()  # servers stopped between blocks on purpose
     doc = report(pytester.path)
     assert doc["baseline"]["kind"] == "reference" and doc["baseline"]["reference"]["stopped"] is None
-    runs = [run for test in doc["tests"] for run in test["runs"]]
-    assert len(runs) == 2
-    for run in runs:
-        tpot = next(v for v in run["verdicts"] if v["name"] == "tpot_p50")
-        assert tpot["mode"] == "paired" and tpot["verdict"] == "regressed"
-        assert 0.12 < tpot["change"] < 0.30
-        assert len(run["trials"]) == len(run["baseline_trials"]) == 3
-        assert run["baseline_summary"]["requests"] == run["summary"]["requests"]
+    (run,) = [run for test in doc["tests"] for run in test["runs"]]
+    tpot = next(v for v in run["verdicts"] if v["name"] == "tpot_p50")
+    assert tpot["mode"] == "paired" and tpot["verdict"] == "regressed"
+    assert 0.12 < tpot["change"] < 0.30
+    assert len(run["trials"]) == len(run["baseline_trials"]) == 3
+    assert run["baseline_summary"]["requests"] == run["summary"]["requests"]
     summary = (pytester.path / ".llmperf" / "report" / "llmperf-summary.md").read_text()
     assert "reference → candidate" in summary and "A/B against the reference (sim" in summary
     logs = sorted(p.name for p in (pytester.path / ".llmperf" / "report").glob("server-*.log"))
-    # Two launched servers take turns: one fresh launch per side and block, the blocks suite-wide
-    # (3 blocks serve both tests: 3 launches a side, not 3 x 2).
+    # Two launched servers take turns: one fresh launch per side and block.
     assert sum(name.startswith("server-reference-sim-") for name in logs) == 3
     assert sum(name.startswith("server-candidate-sim-") for name in logs) == 3
     assert doc["launches"]["count"] == 6 and doc["launches"]["blocks"] == 3
 
 
 @pytest.mark.integration
-def test_two_identical_servers_pass(pytester):
-    pytester.makepyfile(SUITE)
-    result = pytester.runpytest(*SIM, "--llmperf-ab-server", "sim")
-    assert result.ret == 0, result.stdout.str()[-3000:]
-    result.stdout.fnmatch_lines(["*against the reference (sim *): *unchanged*"])
-    assert "REGRESSED" not in result.stdout.str()
-
-
-@pytest.mark.integration
-def test_reference_already_running_at_a_url(pytester):
+def test_reference_already_running_at_a_url(pytester, monkeypatch):
+    no_plots(monkeypatch)
     pytester.makepyfile(SUITE)
     with start_in_thread(SimConfig(preset="tiny", slowdown=0.7)) as reference:
         result = pytester.runpytest(*SIM, "-k", "test_chat", "--llmperf-ab-url", reference.base_url)
@@ -203,39 +205,44 @@ def test_conflicting_options_are_usage_errors(pytester, args, message):
 
 
 @pytest.mark.integration
-def test_bisect_exit_codes_in_ab_mode(pytester):
+def test_a_reference_that_fails_to_start_stops_a_bisection(pytester):
+    """--llmperf-bisect in A/B mode: a reference that fails leaves nothing to bisect against, so
+    the session exits 128 (bisect stops). The good (0) and bad (1) codes are the two steps of
+    test_bisect.py::test_git_bisect_run_in_ab_mode_needs_no_stored_baseline."""
     pytester.makepyfile(SUITE)
-    bad = pytester.runpytest(*SIM, "-k", "test_chat", "--llmperf-bisect", "--llmperf-ab-server", "sim",
-                             "--llmperf-sim-args", "--slowdown 1.3")
-    assert bad.ret == 1
-    bad.stdout.fnmatch_lines(["llmperf bisect: exit 1 (bad): * regressed"])
-    good = pytester.runpytest(*SIM, "-k", "test_chat", "--llmperf-bisect", "--llmperf-ab-server", "sim")
-    assert good.ret == 0, good.stdout.str()[-2000:]
     cmd = f"{sys.executable} {BAD_SERVERS} --port {{port}} --startup crash"
     broken = pytester.runpytest(*SIM, "-k", "test_chat", "--llmperf-bisect", "--llmperf-ab-server", "command",
-                                "--llmperf-ab-server-cmd", cmd)
-    assert broken.ret == 128  # a reference that fails leaves nothing to bisect against
+                                "--llmperf-ab-server-cmd", cmd, "--llmperf-startup-timeout", "10")
+    assert broken.ret == 128, broken.stdout.str()[-3000:]
+    broken.stdout.fnmatch_lines(["llmperf bisect: exit 128 (abort): the reference server failed*"])
 
 
 @pytest.mark.integration
-def test_capacity_searches_are_compared_side_by_side(pytester):
+def test_capacity_searches_are_compared_side_by_side(pytester, monkeypatch):
+    no_plots(monkeypatch)
+    # Each side searches once, on its last launch: two blocks (the earlier pass of each side skips
+    # the search) are enough. Three steps from 64 req/s: the reference (tiny preset) passes 64, 128
+    # and 256; five times the step cost passes 64 and fails 128 and 90.5. The candidate's bracket
+    # (64-90.5) lies wholly below the reference's lower end, and would if either side's third
+    # step went the other way.
     pytester.makepyfile(
         """
         from pytest_llmperf import Workload, slo
 
         @slo(ttft_p95=0.05, attainment_min=0.9)
         def test_capacity(llmperf):
-            llmperf.capacity(Workload(input_tokens=64, output_tokens=16, rate_rps=8, duration_s=1.0), start_rps=8, step_s=1.0,
-                             warmup_s=0.2, precision=0.25, max_steps=6)
+            llmperf.capacity(Workload(input_tokens=64, output_tokens=16, rate_rps=64, duration_s=0.5), start_rps=64,
+                             step_s=0.5, warmup_s=0.1, precision=0.25, max_steps=3)
         """
     )
-    result = pytester.runpytest(*SIM, "--llmperf-ab-server", "sim", "--llmperf-sim-args", "--slowdown 3")
+    result = pytester.runpytest(*SIM, "--llmperf-trials", "2", "--llmperf-ab-server", "sim",
+                                "--llmperf-sim-args", "--slowdown 5")
     out = result.stdout.str()
     assert "capacity_rps" in out, out[-3000:]
     doc = report(pytester.path)
     (run,) = [run for test in doc["tests"] for run in test["runs"]]
     (verdict,) = run["verdicts"]
     assert verdict["name"] == "capacity_rps" and verdict["mode"] == "search"
-    # Three times the step cost cannot keep the reference's capacity.
     assert verdict["verdict"] == "regressed", verdict
     assert result.ret == 1
+    assert doc["launches"]["blocks"] == 2

@@ -54,6 +54,12 @@ RAN = []
 """
 
 
+def no_plots(monkeypatch) -> None:
+    """Sessions in this process write every report but the plots: they are not what these tests
+    are about, and drawing them costs a second or two a session."""
+    monkeypatch.setattr("pytest_llmperf.report.plots._matplotlib", lambda: None)
+
+
 def report_dir(path: Path) -> Path:
     return path / ".llmperf" / "report"
 
@@ -121,7 +127,8 @@ def test_saved_trials_and_sessions_record_their_launch():
 
 
 @pytest.mark.integration
-def test_two_launches_serve_the_whole_suite(pytester):
+def test_two_launches_serve_the_whole_suite(pytester, monkeypatch):
+    no_plots(monkeypatch)
     pytester.makepyfile(SUITE)
     result = pytester.runpytest(*FAST, "--llmperf-launches", "2", "--llmperf-trials", "2", "--llmperf-save", "main")
     out = result.stdout.str()
@@ -148,10 +155,14 @@ def test_two_launches_serve_the_whole_suite(pytester):
 
 
 @pytest.mark.integration
-def test_one_launch_is_today_s_session(pytester):
-    pytester.makepyfile(SUITE)
-    result = pytester.runpytest(*FAST, "-k", "one or two", "--llmperf-save", "main", "--llmperf-trials", "2")
+def test_one_launch_is_today_s_session(pytester, monkeypatch):
+    no_plots(monkeypatch)
+    suite = pytester.makepyfile(SUITE).name
+    # By node id: -k also matches the file's name, which pytester takes from this test's ("one").
+    result = pytester.runpytest(*FAST, f"{suite}::test_one", f"{suite}::test_two", "--llmperf-save", "main",
+                                "--llmperf-trials", "2")
     assert result.ret == 0, result.stdout.str()[-3000:]
+    result.assert_outcomes(passed=2)
     assert len(server_logs(pytester.path)) == 1
     session = saved(pytester.path, "main")
     assert session["launches"]["count"] == 1
@@ -183,9 +194,10 @@ def test_the_ini_key_sets_launches(pytester):
 
 
 @pytest.mark.integration
-def test_ab_blocks_are_suite_wide(pytester):
+def test_ab_blocks_are_suite_wide(pytester, monkeypatch):
+    no_plots(monkeypatch)
     pytester.makepyfile(SUITE)
-    result = pytester.runpytest(*FAST, "-k", "one or two", "--llmperf-ab-server", "sim", "--llmperf-launches", "2")
+    result = pytester.runpytest(*FAST, "-k", "test_one or test_two", "--llmperf-ab-server", "sim", "--llmperf-launches", "2")
     out = result.stdout.str()
     assert result.ret == 0, out[-3000:]
     result.assert_outcomes(passed=2, deselected=2)

@@ -22,16 +22,17 @@ def _log(name, server, start):
                             "url": server.base_url, "start": start, "end": time.time()}) + "\\n")
 
 # The 8B/H100 preset decodes in ~7 ms per token: a 30% slowdown crosses the 8 ms TPOT threshold.
+# 40 requests: the fewest a gated p50 needs from one trial.
 @slo(tpot_p50=0.008, ttft_p50=1.0)
 def test_chat(llmperf, llm_server):
     start = time.time()
-    llmperf.run(Workload(input_tokens=128, output_tokens=32, rate_rps=30, num_requests=80, warmup_requests=8, seed=1))
+    llmperf.run(Workload(input_tokens=128, output_tokens=32, rate_rps=40, num_requests=40, warmup_requests=4, seed=1))
     _log("chat", llm_server, start)
 
 @slo(tpot_p50=0.008)
 def test_short(llmperf, llm_server):
     start = time.time()
-    llmperf.run(Workload(input_tokens=64, output_tokens=32, rate_rps=30, num_requests=80, warmup_requests=8, seed=2))
+    llmperf.run(Workload(input_tokens=64, output_tokens=32, rate_rps=40, num_requests=40, warmup_requests=4, seed=2))
     _log("short", llm_server, start)
 """
 
@@ -55,18 +56,41 @@ def test_d():
     _log("d"); time.sleep(0.2)
 """
 
+# Plots are not what these tests are about, and drawing them costs the controller a second or two
+# per session: the sessions here write every report but the plots (restored when a session ends,
+# for sessions run in this process).
+NO_PLOTS = """
+import pytest_llmperf.report.plots as _plots
+
+_matplotlib = _plots._matplotlib
+
+
+def pytest_configure(config):
+    _plots._matplotlib = lambda: None
+
+
+def pytest_unconfigure(config):
+    _plots._matplotlib = _matplotlib
+"""
+
 PERF_TESTS = {"test_perf.py::test_chat", "test_perf.py::test_short"}
 
 
 def _suite(pytester):
     pytester.makepyfile(test_perf=PERF_FILE, test_plain=PLAIN_FILE)
+    pytester.makeconftest(NO_PLOTS)
+
+
+ARGS = ["-p", "no:cacheprovider", "--llmperf-sim-preset", "llama-3.1-8b-h100", "--llmperf-trials", "1"]
 
 
 def _run(pytester, *args, report="report"):
-    return pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "--llmperf-sim-preset", "llama-3.1-8b-h100", "--llmperf-trials", "1",
-        "--llmperf-report-dir", report, *args, timeout=300,
-    )
+    return pytester.runpytest_subprocess(*ARGS, "--llmperf-report-dir", report, *args, timeout=300)
+
+
+def _run_without_xdist(pytester, *args, report="report"):
+    # In this process: a session without xdist needs no interpreter of its own.
+    return pytester.runpytest(*ARGS, "-p", "no:xdist", "--llmperf-report-dir", report, *args)
 
 
 def _saved_tests(pytester, name):
@@ -114,11 +138,11 @@ def test_verdicts_under_xdist_match_a_run_without_it(pytester):
     from pytest_llmperf.cli.compare import compare_main
 
     _suite(pytester)
-    _run(pytester, "-p", "no:xdist", "--llmperf-save", "main").assert_outcomes(passed=6)
+    _run_without_xdist(pytester, "--llmperf-save", "main").assert_outcomes(passed=6)
 
     slow = ["--llmperf-baseline", "main", "--llmperf-sim-args", "--slowdown 1.3"]
     xdist = _run(pytester, "-n", "2", *slow, "--llmperf-save", "xd", report="report-xd")
-    plain = _run(pytester, "-p", "no:xdist", *slow, report="report-plain")
+    plain = _run_without_xdist(pytester, *slow, report="report-plain")
     # the perf tests fail on their verdicts in both, the plain tests pass: same exit code
     xdist.assert_outcomes(passed=4, failed=2)
     plain.assert_outcomes(passed=4, failed=2)
