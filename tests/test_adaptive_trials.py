@@ -16,9 +16,10 @@ def test_chat(llmperf):
 """
 ARGS = ["-p", "no:cacheprovider", "--llmperf-sim-preset", "llama-3.1-8b-h100"]
 # The simulator without speed noise is a quiet fleet: say so, as a team would from `llmperf history
-# --noise`. With one saved session the stated prior stands for the session spread, and at 1% an
-# unchanged run's interval fits within the tolerance after three trials (at the default 5% it
-# could not: nothing would stop early).
+# --noise`. With one saved session the stated prior stands for the session spread: at 1% an
+# unchanged run reads UNCHANGED after three trials, the early stop this test is about. (At the
+# default 5% its interval is about ±12%, INCONCLUSIVE; the trials would stop too, but only because
+# no number of them could confirm a regression.)
 QUIET_PRIOR = ["--llmperf-session-cv", "0.01"]
 
 
