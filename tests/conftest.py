@@ -7,6 +7,11 @@ import httpcore  # noqa: F401
 import httpx  # noqa: F401
 import pytest  # noqa: E402
 
+# The package imports scipy.stats on first use; first used inside an in-process run, it would be
+# dropped with that run's modules, and numpy's C extensions it pulls in cannot load twice in one
+# process ("cannot load module more than once per process") at the next run.
+import scipy.stats  # noqa: F401, E402
+
 import pytest_llmperf.cli.main  # noqa: F401
 import pytest_llmperf.plugin.perf  # noqa: F401
 import pytest_llmperf.plugin.summary  # noqa: F401

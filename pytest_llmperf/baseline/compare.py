@@ -231,6 +231,11 @@ def shortened(entry: SavedEntry, scale: float) -> SavedEntry:
     workload = entry.get("workload")
     if scale >= 1 or workload is None or (workload.get("duration_s") is None and workload.get("num_requests") is None):
         return entry
+    count, concurrency = workload.get("num_requests"), workload.get("concurrency")
+    if workload.get("duration_s") is None and isinstance(count, int) and isinstance(concurrency, int) and count > 0:
+        scale = max(scale, min(count, concurrency) / count)  # Workload.scaled keeps one full wave
+        if scale >= 1:
+            return entry
 
     def cut(packed: PackedSamples) -> PackedSamples:
         series = unpack_samples(packed)
