@@ -35,6 +35,7 @@ from pytest_llmperf.results import TrialResult, pooled_summary
 from pytest_llmperf.servers.manager import ServerInfo
 from pytest_llmperf.sim.presets import get_preset
 from pytest_llmperf.telemetry.gpu import collect_gpu
+from pytest_llmperf.workload import Workload
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -44,7 +45,6 @@ if TYPE_CHECKING:
     from pytest_llmperf.jsonio import JsonFloat
     from pytest_llmperf.metrics import Summary
     from pytest_llmperf.timeslices import Timeslices
-    from pytest_llmperf.workload import Workload
 
 FINGERPRINT = Fingerprint(engine="sim", model="m")
 
@@ -144,3 +144,33 @@ def sim_fingerprint(workload: Workload, slo: SLO | None, sim_preset: str) -> Fin
     server = ServerInfo(preset="sim", base_url="", root_url="", model=model, launched=True, version=__version__,
                         sim_preset=sim_preset)
     return fingerprint_for(workload, model, slo, server, gpu=collect_gpu())
+
+
+@dataclasses.dataclass(frozen=True)
+class OneTestSuite:
+    """A one-test suite file, ``test_<name>.py``, whose test runs one workload (``workload_args``,
+    Workload's keywords) under one ``@slo`` (``slo_args``); with the workload, SLO and run key the
+    plugin saves it under, so a test can store its baseline without measuring it."""
+
+    name: str
+    workload_args: Mapping[str, object]
+    slo_args: Mapping[str, float]
+
+    @property
+    def workload(self) -> Workload:
+        return Workload(**self.workload_args)
+
+    @property
+    def slo(self) -> SLO:
+        return SLO.parse(self.slo_args)
+
+    @property
+    def key(self) -> str:
+        return f"test_{self.name}.py::test_{self.name}#0"
+
+    @property
+    def source(self) -> str:
+        return ("from pytest_llmperf import Workload, slo\n\n\n"
+                f"@slo(**{dict(self.slo_args)!r})\n"
+                f"def test_{self.name}(llmperf):\n"
+                f"    llmperf.run(Workload(**{dict(self.workload_args)!r}))\n")

@@ -11,31 +11,20 @@ TPOT and goodput, a faster server reads IMPROVED) are tests/test_one_gate.py's."
 
 import gzip
 import json
-from typing import Any
 
 import pytest
 import saved
 
 from pytest_llmperf.baseline.schema import session_document
 from pytest_llmperf.baseline.store import BaselineStore
-from pytest_llmperf.objectives import SLO
-from pytest_llmperf.workload import Workload
 
 pytestmark = pytest.mark.integration
 
 # 15 requests a trial: far too few to judge a p99 (about 200 are needed), and quick on the tiny
 # simulator, whose answers take a few milliseconds.
-WORKLOAD_ARGS: dict[str, Any] = {"input_tokens": 32, "output_tokens": 8, "rate_rps": 40, "num_requests": 15}
-WORKLOAD = Workload(**WORKLOAD_ARGS)
-SLO_ = SLO.parse({"ttft_p99": 1.0})
-KEY = "test_small.py::test_small#0"
-TEST_FILE = f"""
-from pytest_llmperf import Workload, slo
-
-@slo(ttft_p99=1.0)
-def test_small(llmperf):
-    llmperf.run(Workload(**{WORKLOAD_ARGS!r}))
-"""
+SMALL = saved.OneTestSuite("small", {"input_tokens": 32, "output_tokens": 8, "rate_rps": 40, "num_requests": 15},
+                           {"ttft_p99": 1.0})
+WORKLOAD, SLO_, KEY, TEST_FILE = SMALL.workload, SMALL.slo, SMALL.key, SMALL.source
 
 
 def _run(pytester, *args, preset="tiny"):

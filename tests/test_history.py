@@ -6,7 +6,6 @@ import json
 import math
 import re
 import warnings
-from typing import Any
 
 import numpy as np
 import pytest
@@ -16,8 +15,6 @@ from pytest_llmperf.baseline.history import change_points, load_history, session
 from pytest_llmperf.baseline.schema import session_document
 from pytest_llmperf.baseline.store import BaselineStore, StoreWarning
 from pytest_llmperf.cli.main import main as cli_main
-from pytest_llmperf.objectives import SLO
-from pytest_llmperf.workload import Workload
 
 KEY = "test_chat.py::test_chat#0"
 
@@ -168,18 +165,9 @@ def test_session_cv_option_defaults_to_the_gates_prior():
 # test_tiny as a session on the tiny simulator saves it): these tests read what the plugin says,
 # not what it measured, and run in parallel with the rest.
 
-SUITE_ARGS: dict[str, Any] = {"input_tokens": 64, "output_tokens": 16, "rate_rps": 40, "num_requests": 30, "warmup_requests": 3}
-SUITE_WORKLOAD = Workload(**SUITE_ARGS)
-SUITE_SLO = SLO.parse({"tpot_p50": 0.05})
-SUITE_KEY = "test_tiny.py::test_tiny#0"
-SUITE = f"""
-from pytest_llmperf import Workload, slo
-
-
-@slo(tpot_p50=0.05)
-def test_tiny(llmperf):
-    llmperf.run(Workload(**{SUITE_ARGS!r}))
-"""
+TINY = saved.OneTestSuite("tiny", {"input_tokens": 64, "output_tokens": 16, "rate_rps": 40, "num_requests": 30,
+                                   "warmup_requests": 3}, {"tpot_p50": 0.05})
+SUITE_WORKLOAD, SUITE_SLO, SUITE_KEY, SUITE = TINY.workload, TINY.slo, TINY.key, TINY.source
 
 
 def _session(pytester, *args):
