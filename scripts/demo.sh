@@ -12,9 +12,9 @@ for _ in $(seq 100); do
   curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 && break
   sleep 0.1
 done
-echo "== llmperf run: 1,024-token prompts, 128-token answers, 8 req/s for 10 s against the 8B/H100 simulator"
+echo "== llmperf run: 1,024-token prompts, 128-token answers, 8 req/s for 6 s against the 8B/H100 simulator"
 .venv/bin/llmperf run --url "http://127.0.0.1:$PORT/v1" --input-tokens 1024 --output-tokens 128 \
-  --rate 8 --duration 10 --warmup 2 --slo ttft_p95=0.2 --slo tpot_p95=0.02 --json .llmperf/demo-run.json
+  --rate 8 --duration 6 --warmup 1 --slo ttft_p95=0.2 --slo tpot_p95=0.02 --json .llmperf/demo-run.json
 kill $SIM 2>/dev/null || true
 trap - EXIT
 if [ -d example_suites ] && ls example_suites/test_*.py >/dev/null 2>&1; then
