@@ -15,6 +15,7 @@ from pytest_llmperf.baseline.samples import pack_samples
 from pytest_llmperf.metrics import Distribution, Summary, Validity
 from pytest_llmperf.objectives import SLO, check
 from pytest_llmperf.report import markdown as md
+from pytest_llmperf.report import plots
 from pytest_llmperf.report.document import build_document
 from pytest_llmperf.report.model import ReportDocument, ServerReport
 from pytest_llmperf.report.plots import find_sweeps, safe_stem
@@ -356,6 +357,33 @@ def test_stale_plots_are_removed_and_names_are_safe(tmp_path, doc):
 def test_sweeps_are_runs_that_differ_only_in_load(doc):
     sweeps = find_sweeps(doc)
     assert [(s.title, s.axis, s.loads) for s in sweeps] == [("test_sweep", "rate_rps", [2.0, 4.0, 8.0])]
+
+
+def test_figures_drawn_in_worker_processes_are_the_ones_drawn_here(tmp_path, doc):
+    figures = plots.plan_figures(doc)
+    assert [f.kind for f in figures] == ["latency"] * 5 + ["sweep"]
+    # A figure whose drawing fails (a sweep of a run that is not one) comes back as its error message, not as
+    # an exception that would cost the other figures.
+    broken = plots.PlannedFigure("sweep", "broken", "broken-sweep", "sweep broken",
+                                 (plots.Sweep("broken", "rate_rps", [None]), "baseline main"))
+    (tmp_path / "here").mkdir()
+    (tmp_path / "there").mkdir()
+    here, one = plots.draw_figures([*figures, broken], tmp_path / "here", workers=1)
+    there, two = plots.draw_figures([*figures, broken], tmp_path / "there", workers=2)
+    assert (one, two) == (1, 2)  # the workers really drew them
+    assert [d if isinstance(d, str) else [p.name for p in d] for d in here] == \
+           [d if isinstance(d, str) else [p.name for p in d] for d in there]
+    assert isinstance(there[-1], str) and there[-1].startswith("sweep broken: ")
+    pngs = sorted(p.name for p in (tmp_path / "there").glob("*.png"))
+    assert len(pngs) == 6 and pngs == sorted(p.name for p in (tmp_path / "here").glob("*.png"))
+
+
+def test_plot_workers_share_the_cores_only_when_the_figures_repay_a_process(monkeypatch):
+    monkeypatch.setattr(plots.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    per = plots.FIGURES_PER_WORKER
+    assert [plots.plot_workers(n) for n in (0, per, 2 * per - 1, 2 * per, 3 * per, 100 * per)] == [1, 1, 1, 2, 3, 4]
+    monkeypatch.setattr(plots.os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    assert plots.plot_workers(100 * per) == 1
 
 
 def test_without_matplotlib_no_plots_and_a_note(monkeypatch, tmp_path, doc):

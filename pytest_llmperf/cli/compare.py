@@ -317,7 +317,7 @@ def write_outputs(doc: ReportDocument, *, markdown: Path | None = None, json_out
     try:
         if report_dir is not None:
             target = report_dir
-            written.extend(Path(p) for p in write_reports(doc, report_dir))
+            written.extend(Path(p) for p in write_reports(doc, report_dir, parallel_plots=True))
         for out, render in jobs:
             target = out
             out.parent.mkdir(parents=True, exist_ok=True)

@@ -584,7 +584,10 @@ class LLMPerfSession:
         doc: ReportDocument | None = None
         try:
             doc = self.document()
-            paths = write_reports(doc, self.options.report_path, github_step_summary=step_summary or None)
+            # A session is over when it writes its reports, and on a GPU runner every second of
+            # drawing holds the machine: the plots are drawn on every core it has.
+            paths = write_reports(doc, self.options.report_path, github_step_summary=step_summary or None,
+                                  parallel_plots=True)
             self.report_paths = [str(p) for p in paths]
         except OSError as exc:
             self.report_error = f"could not write reports to {self.options.report_path}: {exc}"

@@ -37,12 +37,15 @@ class StepSummaryError(LLMPerfError, OSError):
 
 
 def write_reports(
-    doc: ReportDocument, report_dir: Path | str, *, github_step_summary: str | os.PathLike[str] | None = None
+    doc: ReportDocument, report_dir: Path | str, *, github_step_summary: str | os.PathLike[str] | None = None,
+    parallel_plots: bool = False,
 ) -> list[Path]:
     """Write every report for ``doc`` into ``report_dir``; return the files written there.
 
     With ``github_step_summary`` (the path in ``$GITHUB_STEP_SUMMARY``) the Markdown summary is
-    also appended to that file. Raises OSError when a file cannot be written.
+    also appended to that file. ``parallel_plots``: draw the plots in worker processes (see
+    :func:`~pytest_llmperf.report.plots.write_plots` for when a program may). Raises OSError when
+    a file cannot be written.
     """
     # Imported here so `import pytest_llmperf.report.writers` stays cheap (the plugin imports it
     # only at session end).
@@ -56,7 +59,7 @@ def write_reports(
         atomic_write_text(report_dir / JSON_NAME, to_json(doc)),
         atomic_write_text(report_dir / JUNIT_NAME, render_junit(doc)),
     ]
-    plots = write_plots(doc, report_dir / PLOTS_DIR)
+    plots = write_plots(doc, report_dir / PLOTS_DIR, parallel=parallel_plots)
     markdown = render_markdown(doc, plots=plots, base_dir=report_dir)
     written.append(atomic_write_text(report_dir / MARKDOWN_NAME, markdown))
     written.extend(plots.paths)
