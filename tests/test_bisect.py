@@ -36,7 +36,7 @@ QUIET_PRIOR = ["--llmperf-session-cv", "0.01"]
 # servers' TPOT differs by 1-2% from block to block, which three blocks (two degrees of freedom)
 # do not pin within 5%. Widening the tolerance is what docs/ci.md advises against skips.
 TOLERANCE = ["--llmperf-tolerance", "0.1"]
-PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--llmperf-sim-preset", "tiny",
+PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--llmperf-plots", "off", "--llmperf-sim-preset", "tiny",
           "--llmperf-trials", "2"]
 # Commit 1 is good, commit 4 bad: bisect measures commits 2 and 3, in whichever order it picks,
 # so every walk-through has one good step (0) and one bad step (1).

@@ -38,7 +38,7 @@ def test_save_main_then_gate_the_same_code_against_it(pytester):
     shutil.copytree(EXAMPLES, pytester.path / "example_suites",
                     ignore=shutil.ignore_patterns("__pycache__", ".llmperf", ".pytest_cache"))
     store = pytester.path / "store"
-    common = (*SUITES, f"--llmperf-store={store}", "--llmperf-duration-scale", "0.3",
+    common = (*SUITES, f"--llmperf-store={store}", "--llmperf-plots", "off", "--llmperf-duration-scale", "0.3",
               "--llmperf-trials", "1", "-p", "no:cacheprovider")
 
     saved = pytester.runpytest_subprocess(*common, "--llmperf-save", "main",

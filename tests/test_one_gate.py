@@ -55,7 +55,9 @@ SESSIONS = {
 
 
 def _options(store) -> list[str]:
-    return ["-p", "no:cacheprovider", "--llmperf-sim-preset", "llama-3.1-8b-h100", "--llmperf-store", str(store)]
+    # (plots: not what these sessions are about, and a second or more each)
+    return ["-p", "no:cacheprovider", "--llmperf-sim-preset", "llama-3.1-8b-h100", "--llmperf-store", str(store),
+            "--llmperf-plots", "off"]
 
 
 def _report(path) -> dict[tuple[str, str], dict]:

@@ -228,7 +228,7 @@ def _gated(result, run, outcome):
 @pytest.mark.realengine
 def test_plugin_end_to_end_with_slo_and_baseline(on_path, tiny_model, pytester):
     pytester.makepyfile(test_perf=PERF_TEST)
-    args = ["-p", "no:cacheprovider", "--llmperf-server", "llamacpp", "--llmperf-model", str(tiny_model),
+    args = ["-p", "no:cacheprovider", "--llmperf-plots", "off", "--llmperf-server", "llamacpp", "--llmperf-model", str(tiny_model),
             "--llmperf-server-args", SERVER_ARGS, "--llmperf-trials", "2", "--llmperf-startup-timeout", "60"]
 
     saved = pytester.runpytest(*args, "--llmperf-save", "main")

@@ -426,6 +426,16 @@ def test_simulator_session_writes_all_four_artefacts(pytester):
     text = (out / "llmperf-summary.md").read_text()
     assert text.startswith("✅ **pytest-llmperf**: 1 test, 1 met their SLOs")
     assert len(list((out / "plots").glob("*-latency.png"))) == 1
+    assert "](plots/" in text
+
+    # --llmperf-plots off: the same reports without plots, and none left from the session before.
+    (out / "plots" / "mine.png").write_bytes(b"x")
+    again = pytester.runpytest("--llmperf-sim-preset", "tiny", "-p", "no:cacheprovider",
+                               "--llmperf-report-dir", "out", "--llmperf-plots", "off")
+    again.assert_outcomes(passed=1)
+    assert sorted(p.name for p in (out / "plots").iterdir()) == ["mine.png"]
+    assert "](plots/" not in (out / "llmperf-summary.md").read_text()
+    again.stdout.fnmatch_lines(["reports: out/ (llmperf.json, llmperf-junit.xml, llmperf-summary.md)"])
 
 
 def test_reports_print_the_tolerance_in_the_direction_of_the_change(written):

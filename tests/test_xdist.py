@@ -56,32 +56,16 @@ def test_d():
     _log("d"); time.sleep(0.2)
 """
 
-# Plots are not what these tests are about, and drawing them costs the controller a second or two
-# per session: the sessions here write every report but the plots (restored when a session ends,
-# for sessions run in this process).
-NO_PLOTS = """
-import pytest_llmperf.report.plots as _plots
-
-_matplotlib = _plots._matplotlib
-
-
-def pytest_configure(config):
-    _plots._matplotlib = lambda: None
-
-
-def pytest_unconfigure(config):
-    _plots._matplotlib = _matplotlib
-"""
-
 PERF_TESTS = {"test_perf.py::test_chat", "test_perf.py::test_short"}
 
 
 def _suite(pytester):
     pytester.makepyfile(test_perf=PERF_FILE, test_plain=PLAIN_FILE)
-    pytester.makeconftest(NO_PLOTS)
 
 
-ARGS = ["-p", "no:cacheprovider", "--llmperf-sim-preset", "llama-3.1-8b-h100", "--llmperf-trials", "1"]
+# (plots: not what these tests are about, and a second or more per session)
+ARGS = ["-p", "no:cacheprovider", "--llmperf-plots", "off", "--llmperf-sim-preset", "llama-3.1-8b-h100",
+        "--llmperf-trials", "1"]
 
 
 def _run(pytester, *args, report="report"):

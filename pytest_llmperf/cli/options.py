@@ -189,6 +189,8 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("throttle", "a trial whose local GPU throttled for heat or power: invalid (not gated, the default) "
                "or warn (gated, with a warning)", "invalid", choices=("invalid", "warn")),
     OptionSpec("timeslice", "seconds per timeslice of the per-interval series in the reports (default 5)", 5.0, _positive_float),
+    OptionSpec("plots", "draw the report's plots (PNG and SVG; needs pytest-llmperf[plots]): on (the default), or off "
+               "for a job that does not keep them (each session saves a second or more)", "on", choices=("on", "off")),
 )
 
 
@@ -232,6 +234,7 @@ class LLMPerfOptions:
     ray_workers: int | None
     throttle: str
     timeslice: float
+    plots: str
 
     @property
     def ab(self) -> bool:

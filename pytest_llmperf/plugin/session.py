@@ -587,7 +587,7 @@ class LLMPerfSession:
             # A session is over when it writes its reports, and on a GPU runner every second of
             # drawing holds the machine: the plots are drawn on every core it has.
             paths = write_reports(doc, self.options.report_path, github_step_summary=step_summary or None,
-                                  parallel_plots=True)
+                                  plots=self.options.plots == "on", parallel_plots=True)
             self.report_paths = [str(p) for p in paths]
         except OSError as exc:
             self.report_error = f"could not write reports to {self.options.report_path}: {exc}"

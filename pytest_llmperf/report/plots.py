@@ -504,6 +504,12 @@ def _save(fig: Any, out_dir: Path, stem: str) -> list[Path]:
     return files
 
 
+def clear_plots(out_dir: Path | str) -> None:
+    """Remove the plots an earlier session left in ``out_dir`` (a session that draws none)."""
+    if Path(out_dir).is_dir():
+        _remove_stale(Path(out_dir), set())
+
+
 def _remove_stale(out_dir: Path, keep: set[str]) -> None:
     """Drop plots an earlier session left in the directory, so an uploaded report dir never mixes
     runs; only files with this module's own name pattern are touched."""

@@ -38,12 +38,13 @@ class StepSummaryError(LLMPerfError, OSError):
 
 def write_reports(
     doc: ReportDocument, report_dir: Path | str, *, github_step_summary: str | os.PathLike[str] | None = None,
-    parallel_plots: bool = False,
+    plots: bool = True, parallel_plots: bool = False,
 ) -> list[Path]:
     """Write every report for ``doc`` into ``report_dir``; return the files written there.
 
     With ``github_step_summary`` (the path in ``$GITHUB_STEP_SUMMARY``) the Markdown summary is
-    also appended to that file. ``parallel_plots``: draw the plots in worker processes (see
+    also appended to that file. ``plots=False`` draws none (and removes those an earlier session
+    left there); ``parallel_plots`` draws them in worker processes (see
     :func:`~pytest_llmperf.report.plots.write_plots` for when a program may). Raises OSError when
     a file cannot be written.
     """
@@ -51,7 +52,7 @@ def write_reports(
     # only at session end).
     from pytest_llmperf.report.junit import render_junit
     from pytest_llmperf.report.markdown import render_markdown
-    from pytest_llmperf.report.plots import write_plots
+    from pytest_llmperf.report.plots import clear_plots, write_plots
 
     report_dir = Path(report_dir)
     report_dir.mkdir(parents=True, exist_ok=True)
@@ -59,10 +60,14 @@ def write_reports(
         atomic_write_text(report_dir / JSON_NAME, to_json(doc)),
         atomic_write_text(report_dir / JUNIT_NAME, render_junit(doc)),
     ]
-    plots = write_plots(doc, report_dir / PLOTS_DIR, parallel=parallel_plots)
-    markdown = render_markdown(doc, plots=plots, base_dir=report_dir)
+    if plots:
+        drawn = write_plots(doc, report_dir / PLOTS_DIR, parallel=parallel_plots)
+    else:
+        clear_plots(report_dir / PLOTS_DIR)
+        drawn = None
+    markdown = render_markdown(doc, plots=drawn, base_dir=report_dir)
     written.append(atomic_write_text(report_dir / MARKDOWN_NAME, markdown))
-    written.extend(plots.paths)
+    written.extend(drawn.paths if drawn is not None else [])
     if github_step_summary:
         append_step_summary(Path(github_step_summary), markdown)
     return written
