@@ -378,6 +378,25 @@ def test_figures_drawn_in_worker_processes_are_the_ones_drawn_here(tmp_path, doc
     assert len(pngs) == 6 and pngs == sorted(p.name for p in (tmp_path / "here").glob("*.png"))
 
 
+def test_no_worker_process_for_a_main_script_that_would_run_again_in_it(tmp_path, monkeypatch, doc):
+    import types
+
+    figures = plots.plan_figures(doc)
+    scripts = {False: "import pytest\npytest.main()\n",
+               True: 'import pytest\nif __name__ == "__main__":\n    pytest.main()\n'}
+    for guarded, workers in ((False, 1), (True, 2)):
+        script = tmp_path / f"run_{guarded}.py"
+        script.write_text(scripts[guarded])
+        main = types.ModuleType("__main__")
+        main.__file__ = str(script)
+        monkeypatch.setitem(sys.modules, "__main__", main)
+        assert plots.spawn_is_safe() is guarded
+        out = tmp_path / f"out_{guarded}"
+        out.mkdir()
+        drawn, used = plots.draw_figures(figures[:2], out, workers=2)
+        assert used == workers and all(not isinstance(d, str) for d in drawn)
+
+
 def test_plot_workers_share_the_cores_only_when_the_figures_repay_a_process(monkeypatch):
     monkeypatch.setattr(plots.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
     per = plots.FIGURES_PER_WORKER

@@ -24,6 +24,7 @@ import json
 import math
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -99,9 +100,8 @@ def write_plots(doc: ReportDocument, out_dir: Path | str, *, parallel: bool = Fa
     """Write the plots of ``doc`` into ``out_dir``; without matplotlib, write nothing and say so.
 
     ``parallel`` draws the figures in worker processes where there are enough of them and cores
-    to share them (:func:`plot_workers`); the figures are the same either way. Only a program whose
-    main module does nothing when imported may ask for that (pytest, the ``llmperf`` command): the
-    workers are started with ``spawn``, which imports the main module again in each.
+    to share them (:func:`plot_workers`), and where starting them is safe (:func:`spawn_is_safe`);
+    the figures are the same either way.
     """
     mpl = _matplotlib()
     if mpl is None:
@@ -172,7 +172,7 @@ def draw_figures(figures: Sequence[PlannedFigure], out_dir: Path, workers: int) 
     """Each figure's files (or its error message, see :func:`draw_figure`), in order, and the
     number of processes that drew them: ``workers`` spawned ones, or 1 (this one) when
     ``workers`` is 1 or they could not be started or sent a figure."""
-    if workers > 1:
+    if workers > 1 and spawn_is_safe():
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
@@ -184,6 +184,28 @@ def draw_figures(figures: Sequence[PlannedFigure], out_dir: Path, workers: int) 
         except Exception:  # noqa: BLE001 - a pool that broke: this process draws every figure
             pass
     return [draw_figure(f, out_dir) for f in figures], 1
+
+
+_MAIN_GUARD = re.compile(r"""if\s+__name__\s*==\s*['"]__main__['"]""")
+
+
+def spawn_is_safe() -> bool:
+    """Whether worker processes may be started with ``spawn``, which runs the main module again in
+    each: harmless for ``python -m pytest`` (multiprocessing skips a ``__main__`` module) and for
+    a script whose code waits behind ``if __name__ == "__main__":`` (pytest's and ``llmperf``'s
+    console scripts), but a script calling ``pytest.main()`` at its top level would run its whole
+    session again in every worker."""
+    main = sys.modules.get("__main__")
+    name = getattr(getattr(main, "__spec__", None), "name", None)
+    if isinstance(name, str) and (name == "__main__" or name.endswith(".__main__")):
+        return True
+    path = getattr(main, "__file__", None)
+    if path is None:  # python -c, an interactive session: nothing to run again
+        return True
+    try:
+        return _MAIN_GUARD.search(Path(path).read_text(encoding="utf-8", errors="replace")) is not None
+    except OSError:
+        return False
 
 
 def draw_figure(figure: PlannedFigure, out_dir: Path) -> list[Path] | str:
