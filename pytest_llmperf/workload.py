@@ -449,8 +449,7 @@ class Workload:
         duration_s = None if self.duration_s is None else self.duration_s * factor
         num_requests = self.num_requests
         if num_requests is not None:
-            floor = min(num_requests, self.concurrency or 1)
-            num_requests = max(floor, math.ceil(num_requests * factor))
+            num_requests = max(one_wave(num_requests, self.concurrency), math.ceil(num_requests * factor))
         warmup_requests = math.ceil(self.warmup_requests * factor)
         return dataclasses.replace(self, warmup_s=self.warmup_s * factor, duration_s=duration_s,
                                    num_requests=num_requests, warmup_requests=warmup_requests)
@@ -528,6 +527,12 @@ class Workload:
                                           dataset_digest(self.dataset))
         blob = json.dumps(data, sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def one_wave(num_requests: int, concurrency: int | None) -> int:
+    """The fewest requests a shortened request-bounded workload keeps: one full wave of its closed
+    loop (``concurrency`` requests; fewer would change the load, not only its length), or one."""
+    return min(num_requests, concurrency or 1)
 
 
 def _by_content(spec: Mapping[str, object], fmt: str, digest: str) -> dict[str, object]:

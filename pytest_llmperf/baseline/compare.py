@@ -46,6 +46,7 @@ from pytest_llmperf.stats import (
     headline_from_counts,
     tolerance_bounds,
 )
+from pytest_llmperf.workload import one_wave
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -233,7 +234,7 @@ def shortened(entry: SavedEntry, scale: float) -> SavedEntry:
         return entry
     count, concurrency = workload.get("num_requests"), workload.get("concurrency")
     if workload.get("duration_s") is None and isinstance(count, int) and isinstance(concurrency, int) and count > 0:
-        scale = max(scale, min(count, concurrency) / count)  # Workload.scaled keeps one full wave
+        scale = max(scale, one_wave(count, concurrency) / count)  # as Workload.scaled
         if scale >= 1:
             return entry
 
