@@ -41,6 +41,7 @@ import numpy as np
 
 from pytest_llmperf.errors import LLMPerfError
 from pytest_llmperf.load.arrivals import Pacer, arrival_times, ramped
+from pytest_llmperf.load.interrupts import run_guarded
 from pytest_llmperf.records import PHASE_MEASURE, PHASE_WARMUP, PreparedRequest, RequestRecord
 
 if TYPE_CHECKING:
@@ -473,8 +474,15 @@ def run_sync(main: Coroutine[Any, Any, T], *, use_uvloop: bool | None = None) ->
 
     uvloop roughly halves the event loop's own share of per-chunk CPU; the pacer's precision does
     not depend on it (uvloop timers are millisecond-grained too, hence the timerfd pacer).
+    Ctrl-C or SIGTERM cancels ``main`` and is raised once the loop has unwound
+    (:mod:`~pytest_llmperf.load.interrupts`).
     """
     factory = _loop_factory(use_uvloop)
+    return run_guarded(lambda guarded: _run_on_fresh_loop(guarded, factory), main)
+
+
+def _run_on_fresh_loop(main: Coroutine[Any, Any, T],
+                       factory: Callable[[], asyncio.AbstractEventLoop] | None) -> T:
     if factory is None:
         return asyncio.run(main)
     if sys.version_info >= (3, 11):
