@@ -40,10 +40,9 @@ def test_second(llmperf):
 """
 
 
-def no_plots(monkeypatch) -> None:
-    """Sessions in this process write every report but the plots: they are not what the test is
-    about, and drawing them costs a second or two."""
-    monkeypatch.setattr("pytest_llmperf.report.plots._matplotlib", lambda: None)
+# Sessions whose plots nothing looks at: every report but the plots (drawing them costs a second
+# or two a session).
+NO_PLOTS = ("--llmperf-plots", "off")
 
 
 def report(path: Path) -> dict:
@@ -139,11 +138,10 @@ def test_a_slower_candidate_regresses_against_the_reference(pytester):
 
 
 @pytest.mark.integration
-def test_reference_already_running_at_a_url(pytester, monkeypatch):
-    no_plots(monkeypatch)
+def test_reference_already_running_at_a_url(pytester):
     pytester.makepyfile(SUITE)
     with start_in_thread(SimConfig(preset="tiny", slowdown=0.7)) as reference:
-        result = pytester.runpytest(*SIM, "-k", "test_chat", "--llmperf-ab-url", reference.base_url)
+        result = pytester.runpytest(*SIM, *NO_PLOTS, "-k", "test_chat", "--llmperf-ab-url", reference.base_url)
     # The candidate (launched, normal speed) is slower than the faster reference: a regression.
     assert result.ret == 1, result.stdout.str()[-3000:]
     result.stdout.fnmatch_lines([f"*performance regressed against the reference at {reference.base_url} in *"])
@@ -218,8 +216,7 @@ def test_a_reference_that_fails_to_start_stops_a_bisection(pytester):
 
 
 @pytest.mark.integration
-def test_capacity_searches_are_compared_side_by_side(pytester, monkeypatch):
-    no_plots(monkeypatch)
+def test_capacity_searches_are_compared_side_by_side(pytester):
     # Each side searches once, on its last launch: two blocks (the earlier pass of each side skips
     # the search) are enough. Three steps from 64 req/s: the reference (tiny preset) passes 64, 128
     # and 256; five times the step cost passes 64 and fails 128 and 90.5. The candidate's bracket
@@ -235,7 +232,7 @@ def test_capacity_searches_are_compared_side_by_side(pytester, monkeypatch):
                              step_s=0.5, warmup_s=0.1, precision=0.25, max_steps=3)
         """
     )
-    result = pytester.runpytest(*SIM, "--llmperf-trials", "2", "--llmperf-ab-server", "sim",
+    result = pytester.runpytest(*SIM, *NO_PLOTS, "--llmperf-trials", "2", "--llmperf-ab-server", "sim",
                                 "--llmperf-sim-args", "--slowdown 5")
     out = result.stdout.str()
     assert "capacity_rps" in out, out[-3000:]

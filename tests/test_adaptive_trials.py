@@ -14,7 +14,8 @@ from pytest_llmperf import Workload, slo
 def test_chat(llmperf):
     llmperf.run(Workload(input_tokens=64, output_tokens=16, rate_rps=40, num_requests=20, warmup_requests=2))
 """
-ARGS = ["-p", "no:cacheprovider", "--llmperf-sim-preset", "llama-3.1-8b-h100"]
+# Every report but the plots: they are not what the test is about (a second or two a session).
+ARGS = ["-p", "no:cacheprovider", "--llmperf-plots", "off", "--llmperf-sim-preset", "llama-3.1-8b-h100"]
 # The simulator without speed noise is a quiet fleet: say so, as a team would from `llmperf history
 # --noise`. With one saved session the stated prior stands for the session spread: at 1% an
 # unchanged run reads UNCHANGED after three trials, the early stop this test is about. (At the
@@ -28,10 +29,7 @@ def _trials(pytester):
     return len(doc["tests"][0]["runs"][0]["trials"])
 
 
-def test_stops_early_when_unchanged_and_confirms_a_regression(pytester, monkeypatch):
-    # The sessions write every report but the plots: they are not what the test is about, and
-    # drawing them costs a second or two a session.
-    monkeypatch.setattr("pytest_llmperf.report.plots._matplotlib", lambda: None)
+def test_stops_early_when_unchanged_and_confirms_a_regression(pytester):
     pytester.makepyfile(test_chat=TEST)
     # one main session of two trials (20 requests each: the 40 a gated p50 needs)
     pytester.runpytest(*ARGS, "--llmperf-save", "main", "--llmperf-trials", "2").assert_outcomes(passed=1)

@@ -80,13 +80,8 @@ def assert_no_traceback(result: pytest.RunResult) -> None:
     assert "pytest_llmperf/" not in text and "site-packages/pytest_llmperf/" not in text
 
 
-# For pytest subprocesses (never an in-process pytester run, which shares this process's modules)
-# whose plots nothing looks at: skip drawing them (seconds with matplotlib's import), as without it.
-NO_PLOTS_CONFTEST = """
-import pytest_llmperf.report.plots
-
-pytest_llmperf.report.plots._matplotlib = lambda: None
-"""
+# Sessions whose plots nothing looks at: every report but the plots (seconds with matplotlib's import).
+NO_PLOTS = ["--llmperf-plots", "off"]
 
 
 def command_server(*flags: str) -> list[str]:
@@ -313,7 +308,6 @@ def test_long(llmperf):
 )
 def test_signal_stops_everything_and_keeps_what_was_measured(pytester, sig, when):
     pytester.makepyfile(test_signals=SIGNAL_TESTS)
-    pytester.makeconftest(NO_PLOTS_CONFTEST)
     store = pytester.path / "store"
     existing = BaselineStore(store).save("main", {"tests": {}})
     before = snapshot(store)
@@ -321,7 +315,7 @@ def test_signal_stops_everything_and_keeps_what_was_measured(pytester, sig, when
     flags = ["--pid-file", str(pid_file)] + (["--startup", "never"] if when == "startup" else [])
     proc = subprocess.Popen(
         [sys.executable, "-X", "faulthandler", "-m", "pytest", *command_server(*flags), "--llmperf-startup-timeout", "60",
-         "--llmperf-store", str(store), "--llmperf-save", "main", "--llmperf-trials", "1"],
+         "--llmperf-store", str(store), "--llmperf-save", "main", "--llmperf-trials", "1", *NO_PLOTS],
         cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=interruptible,
     )
     trigger = pid_file if when == "startup" else pytester.path / "long-run-started"
@@ -438,9 +432,8 @@ def test_store_file_vanishing_between_listing_and_reading(pytester, bad_server, 
 def test_two_sessions_saving_the_same_name_at_once(pytester, bad_server):
     server = bad_server("ok")
     pytester.makepyfile(SAVE_TEST)
-    pytester.makeconftest(NO_PLOTS_CONFTEST)
     store = pytester.path / "store"
-    cmd = [sys.executable, "-m", "pytest", *NO_CACHE, "--llmperf-url", server.base_url,
+    cmd = [sys.executable, "-m", "pytest", *NO_CACHE, *NO_PLOTS, "--llmperf-url", server.base_url,
            "--llmperf-store", str(store), "--llmperf-save", "main", "--llmperf-trials", "1"]
     procs = [subprocess.Popen(cmd, cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for _ in range(2)]

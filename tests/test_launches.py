@@ -22,7 +22,8 @@ from pytest_llmperf.workload import Workload
 
 BAD_SERVERS = Path(__file__).with_name("badservers.py")
 
-FAST = ["--llmperf-sim-preset", "tiny", "-p", "no:cacheprovider"]
+# Every report but the plots: nothing here looks at them (a second or two a session).
+FAST = ["--llmperf-sim-preset", "tiny", "-p", "no:cacheprovider", "--llmperf-plots", "off"]
 
 SUITE = """
 from pytest_llmperf import Workload, slo
@@ -52,12 +53,6 @@ def test_plain():
 
 RAN = []
 """
-
-
-def no_plots(monkeypatch) -> None:
-    """Sessions in this process write every report but the plots: they are not what these tests
-    are about, and drawing them costs a second or two a session."""
-    monkeypatch.setattr("pytest_llmperf.report.plots._matplotlib", lambda: None)
 
 
 def report_dir(path: Path) -> Path:
@@ -127,8 +122,7 @@ def test_saved_trials_and_sessions_record_their_launch():
 
 
 @pytest.mark.integration
-def test_two_launches_serve_the_whole_suite(pytester, monkeypatch):
-    no_plots(monkeypatch)
+def test_two_launches_serve_the_whole_suite(pytester):
     pytester.makepyfile(SUITE)
     result = pytester.runpytest(*FAST, "--llmperf-launches", "2", "--llmperf-trials", "2", "--llmperf-save", "main")
     out = result.stdout.str()
@@ -155,8 +149,7 @@ def test_two_launches_serve_the_whole_suite(pytester, monkeypatch):
 
 
 @pytest.mark.integration
-def test_one_launch_is_today_s_session(pytester, monkeypatch):
-    no_plots(monkeypatch)
+def test_one_launch_is_today_s_session(pytester):
     suite = pytester.makepyfile(SUITE).name
     # By node id: -k also matches the file's name, which pytester takes from this test's ("one").
     result = pytester.runpytest(*FAST, f"{suite}::test_one", f"{suite}::test_two", "--llmperf-save", "main",
@@ -194,8 +187,7 @@ def test_the_ini_key_sets_launches(pytester):
 
 
 @pytest.mark.integration
-def test_ab_blocks_are_suite_wide(pytester, monkeypatch):
-    no_plots(monkeypatch)
+def test_ab_blocks_are_suite_wide(pytester):
     pytester.makepyfile(SUITE)
     result = pytester.runpytest(*FAST, "-k", "test_one or test_two", "--llmperf-ab-server", "sim", "--llmperf-launches", "2")
     out = result.stdout.str()

@@ -6,14 +6,8 @@ import pytest
 
 pytestmark = pytest.mark.integration
 
-FAST = ["--llmperf-sim-preset", "tiny", "-p", "no:cacheprovider"]
-
-
-@pytest.fixture
-def no_plots(monkeypatch):
-    """Sessions whose plots nothing here looks at skip drawing them (about 1.5 s a session), as
-    without matplotlib; tests/test_reports.py and tests/test_timeslices.py draw them."""
-    monkeypatch.setattr("pytest_llmperf.report.plots._matplotlib", lambda: None)
+# Every report but the plots: nothing here looks at them (a second or two a session).
+FAST = ["--llmperf-sim-preset", "tiny", "-p", "no:cacheprovider", "--llmperf-plots", "off"]
 
 
 CONFTEST = """
@@ -41,7 +35,7 @@ def test_chat(llmperf):
 """
 
 
-def test_fingerprint_extra_is_stored_and_compared_and_report_hook_receives_the_document(pytester, no_plots):
+def test_fingerprint_extra_is_stored_and_compared_and_report_hook_receives_the_document(pytester):
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(test_chat=TEST)
     saved = pytester.runpytest(*FAST, "--llmperf-save", "main", "--llmperf-trials", "2")

@@ -135,12 +135,6 @@ def build(with_baseline=True):
                           server=ServerReport(preset="sim", version="0.1.0", model="m"))
 
 
-@pytest.fixture
-def no_plots(monkeypatch):
-    """Skip plotting in tests that do not look at plots (rendering is most of the writers' time)."""
-    monkeypatch.setattr("pytest_llmperf.report.plots._matplotlib", lambda: None)
-
-
 @pytest.fixture(scope="module")
 def doc():
     d = build()
@@ -192,11 +186,11 @@ def test_schema_rejects_bad_documents(doc):
     validate(ok)
 
 
-def test_nan_in_the_document_becomes_null(tmp_path, doc, no_plots):
+def test_nan_in_the_document_becomes_null(tmp_path, doc):
     d = json.loads(to_json(doc))
     d["tests"][0]["runs"][0]["summary"]["ttft_s"]["p99"] = float("nan")
     d["tests"][0]["runs"][0]["summary"]["goodput_rps"] = np.float64(3.5)
-    write_reports(ReportDocument.from_json_dict(d), tmp_path)
+    write_reports(ReportDocument.from_json_dict(d), tmp_path, plots=False)
     data = json.loads((tmp_path / "llmperf.json").read_text())
     assert data["tests"][0]["runs"][0]["summary"]["ttft_s"]["p99"] is None
     assert data["tests"][0]["runs"][0]["summary"]["goodput_rps"] == 3.5
@@ -236,9 +230,9 @@ def test_junit_has_one_case_per_statistic_and_threshold(written):
     assert 0.02 < float(props["llmperf.ttft_p95_s"]) < 0.1
 
 
-def test_junit_strict_fails_inconclusive(tmp_path, doc, no_plots):
+def test_junit_strict_fails_inconclusive(tmp_path, doc):
     strict = dataclasses.replace(doc, strict=True)
-    write_reports(strict, tmp_path)
+    write_reports(strict, tmp_path, plots=False)
     root = ET.parse(tmp_path / "llmperf-junit.xml").getroot()
     assert int(root.get("failures")) == 4
     assert "(strict)" in (tmp_path / "llmperf-summary.md").read_text()
@@ -309,23 +303,23 @@ def test_markdown_is_capped_for_a_pull_request_comment(doc):
     assert len(small) <= 3000 and "not shown" in small
 
 
-def test_step_summary_is_appended(tmp_path, doc, no_plots):
+def test_step_summary_is_appended(tmp_path, doc):
     summary = tmp_path / "step_summary.md"
     summary.write_text("# earlier step\n")
-    write_reports(doc, tmp_path / "r", github_step_summary=str(summary))
-    write_reports(doc, tmp_path / "r", github_step_summary=str(summary))
+    write_reports(doc, tmp_path / "r", github_step_summary=str(summary), plots=False)
+    write_reports(doc, tmp_path / "r", github_step_summary=str(summary), plots=False)
     text = summary.read_text()
     written = (tmp_path / "r" / "llmperf-summary.md").read_text()
     assert text == "# earlier step\n" + written + written
 
 
-def test_unwritable_report_dir_raises_oserror(tmp_path, doc, no_plots):
+def test_unwritable_report_dir_raises_oserror(tmp_path, doc):
     blocker = tmp_path / "file"
     blocker.write_text("")
     with pytest.raises(OSError):
-        write_reports(doc, blocker / "report")
+        write_reports(doc, blocker / "report", plots=False)
     with pytest.raises(OSError, match="GITHUB_STEP_SUMMARY"):
-        write_reports(doc, tmp_path / "ok", github_step_summary=str(blocker / "summary.md"))
+        write_reports(doc, tmp_path / "ok", github_step_summary=str(blocker / "summary.md"), plots=False)
 
 
 # ---------------------------------------------------------------------- plots

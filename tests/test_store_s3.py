@@ -69,13 +69,6 @@ def bucket(s3_env):
     return name
 
 
-@pytest.fixture
-def no_plots(monkeypatch):
-    """Sessions whose plots nothing here looks at skip drawing them (about 1.5 s a session), as
-    without matplotlib; tests/test_reports.py and tests/test_timeslices.py draw them."""
-    monkeypatch.setattr("pytest_llmperf.report.plots._matplotlib", lambda: None)
-
-
 def _doc(i: int) -> dict:
     return {"tests": {}, "i": i}
 
@@ -179,11 +172,13 @@ def test_missing_backend_names_the_extra(monkeypatch):
 
 
 def _session(pytester, *args):
-    return pytester.runpytest("-p", "no:cacheprovider", "--llmperf-sim-preset", "tiny", "--llmperf-trials", "2", *args)
+    # Every report but the plots: nothing here looks at them (a second or two a session).
+    return pytester.runpytest("-p", "no:cacheprovider", "--llmperf-plots", "off", "--llmperf-sim-preset", "tiny",
+                              "--llmperf-trials", "2", *args)
 
 
 @pytest.mark.integration
-def test_sessions_save_to_s3_then_compare_history_and_list(pytester, bucket, capsys, no_plots):
+def test_sessions_save_to_s3_then_compare_history_and_list(pytester, bucket, capsys):
     url = f"s3://{bucket}/ci"
     pytester.makepyfile(test_tiny=SUITE.format(marker=str(pytester.path / "ran")))
     _session(pytester, "--llmperf-store", url, "--llmperf-save", "main").assert_outcomes(passed=1)

@@ -193,7 +193,7 @@ def test_llmperf_run_json_has_timeslices_with_running_and_waiting_from_metrics(t
 
 
 @pytest.mark.integration
-def test_plugin_session_reports_plots_and_saves_timeslices_and_reads_older_baselines(pytester, monkeypatch):
+def test_plugin_session_reports_plots_and_saves_timeslices_and_reads_older_baselines(pytester):
     pytester.makepyfile(
         """
         from pytest_llmperf import Workload, slo
@@ -207,9 +207,8 @@ def test_plugin_session_reports_plots_and_saves_timeslices_and_reads_older_basel
     )
     args = ["--llmperf-sim-preset", "tiny", "-p", "no:cacheprovider", "--llmperf-timeslice", "1",
             "--llmperf-trials", "1", "--llmperf-report-dir", "out"]
-    with monkeypatch.context() as m:  # the saving session's plots are not looked at: skip drawing them
-        m.setattr("pytest_llmperf.report.plots._matplotlib", lambda: None)
-        pytester.runpytest(*args, "--llmperf-save", "main").assert_outcomes(passed=1)
+    # The saving session's plots are not looked at: skip drawing them.
+    pytester.runpytest(*args, "--llmperf-plots", "off", "--llmperf-save", "main").assert_outcomes(passed=1)
     out = pytester.path / "out"
     validate(json.loads((out / "llmperf.json").read_text()))
     (saved,) = (pytester.path / ".llmperf" / "baselines" / "main").glob("*.json.gz")
@@ -246,10 +245,9 @@ def _doc_with_timeslices(gauges):
     return build_document({"perf/test_a.py::test_a#0": entry})
 
 
-def test_timeslices_are_in_the_json_report_and_valid_against_the_schema(tmp_path, monkeypatch):
-    monkeypatch.setattr("pytest_llmperf.report.plots._matplotlib", lambda: None)
+def test_timeslices_are_in_the_json_report_and_valid_against_the_schema(tmp_path):
     doc = _doc_with_timeslices([GaugeSample(0.5, 3.0, 1.0)])
-    write_reports(doc, tmp_path)
+    write_reports(doc, tmp_path, plots=False)
     data = json.loads((tmp_path / "llmperf.json").read_text())
     validate(data)
     ts = data["tests"][0]["runs"][0]["trials"][0]["timeslices"]
