@@ -109,10 +109,14 @@ def test_a_handler_that_returns_leaves_a_named_error_not_a_bare_cancellation(han
 
 
 def test_a_run_without_signals_returns_its_result_and_restores_the_handlers(handlers):
+    # Python's own dispositions (an xdist worker ignores SIGINT, and ignored signals stay ignored)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
 
     async def main() -> int:
         assert signal.getsignal(signal.SIGINT) != before[signal.SIGINT]
+        assert signal.getsignal(signal.SIGTERM) != before[signal.SIGTERM]
         await asyncio.sleep(0)
         return 7
 
