@@ -18,12 +18,12 @@ Only the main thread can install signal handlers; elsewhere (Ray actors, threads
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import threading
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from pytest_llmperf.errors import LLMPerfError
+from pytest_llmperf.signals import chain
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine
@@ -46,7 +46,6 @@ class DeferredSignals:
         self._previous: dict[int, Any] = {}
         self._pending: list[int] = []
         self._task: asyncio.Task[Any] | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def pending(self) -> tuple[int, ...]:
@@ -85,7 +84,6 @@ class DeferredSignals:
             if self._pending:  # the signal came while the loop was starting
                 main.close()
                 raise asyncio.CancelledError
-            self._loop = asyncio.get_running_loop()
             self._task = asyncio.current_task()
             try:
                 return await main
@@ -100,20 +98,13 @@ class DeferredSignals:
             self._deliver(signum, frame)
             return
         self._pending.append(signum)
-        task, loop = self._task, self._loop
-        if task is not None and loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(task.cancel)
+        task = self._task
+        if task is not None and not task.get_loop().is_closed():
+            # Thread-safe scheduling also wakes a loop blocked in its selector.
+            task.get_loop().call_soon_threadsafe(task.cancel)
 
     def _deliver(self, signum: int, frame: FrameType | None) -> None:
-        previous = self._previous.get(signum, signal.SIG_DFL)
-        if callable(previous):
-            previous(signum, frame)
-        elif signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        else:
-            # Default disposition: let the signal do what it would have done without us.
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
+        chain(self._previous.get(signum, signal.SIG_DFL), signum, frame)
 
 
 def run_guarded(run: Callable[[Coroutine[Any, Any, T]], T], main: Coroutine[Any, Any, T]) -> T:

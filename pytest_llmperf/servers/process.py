@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from pytest_llmperf.errors import InputError, LLMPerfError
+from pytest_llmperf.signals import chain
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
@@ -528,17 +529,5 @@ class ProcessReaper:
                 self.stop_all()
             finally:
                 self._in_handler = False
-        self._chain(signum, frame)
+        chain(self._previous.get(signum, signal.SIG_DFL), signum, frame)
 
-    def _chain(self, signum: int, frame: FrameType | None) -> None:
-        previous = self._previous.get(signum, signal.SIG_DFL)
-        if callable(previous):
-            previous(signum, frame)
-        elif previous == signal.SIG_IGN:
-            return
-        elif signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        else:
-            # Default disposition: let the signal do what it would have done without us.
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
