@@ -145,9 +145,14 @@ class _SummaryDictBase(TypedDict):
 
 class SummaryDict(_SummaryDictBase, total=False):
     """:meth:`Summary.to_dict`, the summary as saved runs and reports store it;
-    ``energy_per_output_token_j`` is absent in files written before GPU energy existed."""
+    ``energy_per_output_token_j`` is absent in files written before GPU energy existed, the
+    inputs and images counts in files written before request kinds beyond text."""
 
     energy_per_output_token_j: float | None
+    inputs_total: int
+    inputs_per_s: float
+    images_total: int
+    image_pixels_total: int
 
 
 # The keys of a summary's latency distributions (``Summary.ttft_s``...).
@@ -290,6 +295,9 @@ class Summary:
     - ``window_s = window_end_s - window_start_s``: the given measurement window, else first
       measured ``scheduled_s`` to last measured ``end_s``.
     - ``*_throughput_* = tokens (or completed requests) of successful requests / window_s``.
+    - ``inputs_total``: inputs of successful requests (embedding inputs, rerank documents, 1 for a
+      generation request); ``inputs_per_s = inputs_total / window_s``. ``images_total`` and
+      ``image_pixels_total``: the images successful chat requests carried, and their pixels.
     - ``goodput_rps = good_requests / window_s``; a request is good when it succeeded and met every
       per-request threshold of the SLO (:meth:`SLO.is_good`); with no SLO every success is good.
     - ``attainment = good_requests / requests`` (failed and cancelled stay in the denominator).
@@ -328,6 +336,10 @@ class Summary:
     # GPU energy over the run (warm-up included) per output token generated in it, in joules;
     # None without GPU telemetry (no local GPU, no NVML). See results.with_gpu.
     energy_per_output_token_j: float | None = None
+    inputs_total: int = 0
+    inputs_per_s: float = 0.0
+    images_total: int = 0
+    image_pixels_total: int = 0
 
     def distribution(self, metric: str) -> Distribution:
         """The distribution of ``metric`` (``ttft``, ``ttfvt``, ``tpot``, ``itl``, ``e2e``)."""
@@ -350,12 +362,18 @@ class Summary:
             "request_types": list(self.request_types),
             "by_type": {k: v.to_dict() for k, v in self.by_type.items()},
             "energy_per_output_token_j": self.energy_per_output_token_j,
+            "inputs_total": self.inputs_total, "inputs_per_s": self.inputs_per_s,
+            "images_total": self.images_total, "image_pixels_total": self.image_pixels_total,
         }
 
     @classmethod
     def from_dict(cls, data: SummaryDict) -> Summary:
-        if isinstance(data, Mapping) and "energy_per_output_token_j" not in data:
-            data = {**data, "energy_per_output_token_j": None}  # written before GPU energy existed
+        if isinstance(data, Mapping):
+            # Fields added later, for files written before them: no GPU energy; one input per
+            # completed request and no images (request kinds beyond text).
+            data = {"energy_per_output_token_j": None, "inputs_total": data.get("completed", 0),
+                    "inputs_per_s": data.get("request_throughput_rps", 0.0), "images_total": 0,
+                    "image_pixels_total": 0, **data}
         _check_keys(cls, data, "Summary")
         return cls(
             requests=int(data["requests"]), completed=int(data["completed"]), failed=int(data["failed"]),
@@ -376,6 +394,8 @@ class Summary:
             request_types=[str(t) for t in data["request_types"]],
             by_type={str(k): cls.from_dict(v) for k, v in (data["by_type"] or {}).items()},
             energy_per_output_token_j=_opt_float(data.get("energy_per_output_token_j")),
+            inputs_total=int(data["inputs_total"]), inputs_per_s=float(data["inputs_per_s"]),
+            images_total=int(data["images_total"]), image_pixels_total=int(data["image_pixels_total"]),
         )
 
 
@@ -663,9 +683,10 @@ def output_length_mismatches(records: Sequence[RequestRecord]) -> tuple[int, int
 
 def prompt_length_error(records: Sequence[RequestRecord]) -> float | None:
     """Mean of ``|prompt_tokens - prompt_tokens_expected| / prompt_tokens_expected`` over
-    successful requests that have both; None when none has."""
+    successful requests that have both; None when none has. Requests with images are left out:
+    their count adds the vision tokens, which only the server knows."""
     errs = [abs(r.prompt_tokens - r.prompt_tokens_expected) / r.prompt_tokens_expected
-            for r in records if r.ok and r.prompt_tokens and r.prompt_tokens_expected]
+            for r in records if r.ok and r.prompt_tokens and r.prompt_tokens_expected and not r.images]
     return float(np.mean(errs)) if errs else None
 
 
@@ -716,7 +737,7 @@ def _validity(
     prompt_err = prompt_length_error(measured)
     if prompt_err is not None and prompt_err > PROMPT_LENGTH_ERROR_WARN:
         off = sum(1 for r in measured if r.ok and r.prompt_tokens and r.prompt_tokens_expected
-                  and r.prompt_tokens != r.prompt_tokens_expected)
+                  and not r.images and r.prompt_tokens != r.prompt_tokens_expected)
         warnings.append(
             f"prompt length: the server counted {prompt_err:.1%} more or fewer prompt tokens than requested "
             f"on average ({off} prompts off); the prompt builder's token model does not fit this server"
@@ -805,6 +826,7 @@ def _summarize(
     itl = [request_itl_s(r) for r in succeeded]
     input_total = sum(int(r.prompt_tokens) for r in succeeded if r.prompt_tokens is not None)
     output_total = sum(_record_output_tokens(r) for r in succeeded)
+    inputs_total = sum(r.inputs for r in succeeded)
     sources = {r.token_source for r in succeeded}
     token_source = sources.pop() if len(sources) == 1 else ("mixed" if sources else "usage")
     types = sorted({r.request_type for r in measured})
@@ -844,4 +866,8 @@ def _summarize(
         warmup_requests=sum(1 for r in records if r.phase == PHASE_WARMUP),
         request_types=types,
         by_type=by_type,
+        inputs_total=inputs_total,
+        inputs_per_s=_rate(inputs_total, span),
+        images_total=sum(r.images for r in succeeded),
+        image_pixels_total=sum(r.image_pixels for r in succeeded),
     )

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from pytest_llmperf.errors import InputError
+from pytest_llmperf.kinds import latency_metrics, why_not
 from pytest_llmperf.metrics import METRICS, STATS, Summary, censored_stat, request_itl_s, sample_stat
 
 if TYPE_CHECKING:
@@ -230,6 +231,26 @@ class SLO:
             if value is not None and value > threshold.limit_s:
                 return False
         return True
+
+
+def keys_for(api: str) -> tuple[str, ...]:
+    """The threshold keys that apply to a request kind (:mod:`pytest_llmperf.kinds`): every
+    latency key of the metrics its requests have, and the rate keys."""
+    metrics = latency_metrics(api)
+    return tuple(k for k in LATENCY_KEYS if k.split("_", 1)[0] in metrics) + RATE_KEYS
+
+
+def check_applies(slo: SLO, api: str) -> None:
+    """Raise :class:`SLOError` when ``slo`` names a latency the kind ``api`` does not have
+    (``tpot_p95`` on an embeddings workload): a threshold on a metric that is never measured would
+    pass or fail for nothing. The message names the keys that apply."""
+    metrics = latency_metrics(api)
+    for threshold in slo.latency:
+        if threshold.metric not in metrics:
+            raise SLOError(
+                f"{slo.source}: {threshold.key} does not apply to an {api} workload ({why_not(api, threshold.metric)}); "
+                f"keys that apply: {', '.join(keys_for(api))}"
+            )
 
 
 def check(summary: Summary, slo: SLO, records: Sequence[RequestRecord] | None = None, *,

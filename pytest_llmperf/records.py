@@ -51,9 +51,11 @@ class RequestRecord:
     # none and the client had to count chunks (marked so a reader knows the counts are estimates).
     token_source: str = "usage"
     ok: bool = False
-    # http_4xx, http_429, http_5xx, connect, timeout, disconnect, malformed, not_stream, client, or
-    # cancelled: still in flight at the run's hard deadline. A cancelled request is not a server
-    # fault and is reported apart from errors, but it still counts against goodput and attainment.
+    # http_4xx, http_429, http_5xx, connect, timeout, disconnect, malformed, not_stream, client,
+    # wrong_answer (the answer ignored the request's kind: no vision tokens for its images, a count
+    # of embeddings or rerank results other than asked), or cancelled: still in flight at the
+    # run's hard deadline. A cancelled request is not a server fault and is reported apart from
+    # errors, but it still counts against goodput and attainment.
     error_kind: str | None = None
     error_detail: str | None = None
     status_code: int | None = None
@@ -70,6 +72,11 @@ class RequestRecord:
     session: int | None = None
     turn: int | None = None
     response_text: list[str] | None = None
+    # Request kinds beyond text: the images a chat request carried (count, and their pixels in
+    # all), and the inputs of a pooling request (embedding inputs, rerank documents; 1 otherwise).
+    images: int = 0
+    image_pixels: int = 0
+    inputs: int = 1
 
     @property
     def dispatch_lag_s(self) -> float:
@@ -109,14 +116,27 @@ class RequestRecord:
         return {name: getattr(self, name) for name in self.__slots__}
 
 
+@dataclass(frozen=True, slots=True)
+class ImagePart:
+    """An image a chat request carries: the URL sent (a ``data:`` URL or an ``http://`` one the
+    client serves) and its size in pixels."""
+
+    url: str
+    width: int
+    height: int
+
+
 @dataclass(slots=True)
 class PreparedRequest:
     """A request ready to send: the prompt text and generation limits, engine-neutral.
 
     The client turns it into the JSON body of ``/v1/chat/completions`` (``api="chat"``: one user
-    message holding ``prompt``) or ``/v1/completions`` (``api="completions"``), adding the model
-    name, ``stream`` and ``stream_options``. ``extra_body`` carries engine-specific fields
-    (``ignore_eos``, ``min_tokens``, a ``logit_bias``...) chosen by the server preset.
+    message holding ``prompt``, and ``images`` as ``image_url`` parts placed by
+    ``image_position``), ``/v1/completions`` (``api="completions"``), ``/v1/embeddings``
+    (``input``: ``inputs`` when given, else ``prompt``) or ``/v1/rerank`` (``query``: ``prompt``,
+    ``documents``), adding the model name and, for the streaming kinds, ``stream`` and
+    ``stream_options``. ``extra_body`` carries engine-specific fields (``ignore_eos``,
+    ``min_tokens``, a ``logit_bias``...) chosen by the server preset.
     """
 
     index: int
@@ -140,3 +160,21 @@ class PreparedRequest:
     keep_text: bool = False
     session: int | None = None
     turn: int | None = None
+    # Chat images, where they sit (before / after / interleaved with the text) and how many words
+    # of ``prompt`` lead before everything else (a cold run's salt, so images cannot hit a cache).
+    images: tuple[ImagePart, ...] = ()
+    image_position: str = "before"
+    lead_words: int = 0
+    # Embeddings: the batch of inputs (None: ``prompt`` alone); rerank: the documents and top_n.
+    inputs: tuple[str, ...] | None = None
+    documents: tuple[str, ...] | None = None
+    top_n: int | None = None
+
+    @property
+    def input_count(self) -> int:
+        """Inputs a pooling request carries (embedding inputs, rerank documents), else 1."""
+        if self.inputs is not None:
+            return len(self.inputs)
+        if self.documents is not None:
+            return len(self.documents)
+        return 1

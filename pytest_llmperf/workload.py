@@ -19,15 +19,16 @@ from typing import Any, TypedDict
 import numpy as np
 
 from pytest_llmperf.errors import InputError
+from pytest_llmperf.kinds import APIS, POOLING_APIS, streams
 from pytest_llmperf.traffic.conversations import ConversationSpec
 from pytest_llmperf.traffic.datasets import DatasetSpec
 from pytest_llmperf.traffic.datasets import digest as dataset_digest
+from pytest_llmperf.traffic.images import ImageSpec, ImageSpecError
 from pytest_llmperf.traffic.traces import TraceSpec
 from pytest_llmperf.traffic.traces import scan as scan_trace
 
 ARRIVALS = ("poisson", "gamma", "constant")
 CACHE_STATES = ("cold", "warm")
-APIS = ("chat", "completions")
 LENGTH_DISTS = ("fixed", "uniform", "normal", "lognormal", "choice")
 
 
@@ -184,6 +185,8 @@ class RequestType:
     input_tokens: Any = 256
     output_tokens: Any = 128
     weight: float = 1.0
+    # The images this type's chat requests carry (traffic/images.py); None: the workload's.
+    images: Any = None
 
     def __post_init__(self) -> None:
         object.__setattr__(
@@ -192,26 +195,73 @@ class RequestType:
         object.__setattr__(
             self, "output_tokens", LengthDist.parse(self.output_tokens, f"mix.{self.name}.output_tokens")
         )
+        if self.images is not None:
+            try:
+                object.__setattr__(self, "images", ImageSpec.parse(self.images, f"mix.{self.name}.images"))
+            except ImageSpecError as exc:
+                raise WorkloadError(str(exc)) from None
         if not self.name or not isinstance(self.name, str):
             raise WorkloadError("mix: every request type needs a non-empty 'name'")
         if not (isinstance(self.weight, (int, float)) and self.weight > 0):
             raise WorkloadError(f"mix.{self.name}.weight must be positive, got {self.weight!r}")
 
 
-class RequestTypeDict(TypedDict):
-    """One entry of :meth:`Workload.to_dict`'s ``mix``."""
-
+class _RequestTypeDictBase(TypedDict):
     name: str
     input_tokens: LengthSpec
     output_tokens: LengthSpec
     weight: float
 
 
-class WorkloadDict(TypedDict):
-    """:meth:`Workload.to_dict`: every field, lengths as written (:data:`LengthSpec`), a trace,
-    dataset or conversation as its spec mapping. Runs saved by older versions may lack the keys
-    of fields added since."""
+class RequestTypeDict(_RequestTypeDictBase, total=False):
+    """One entry of :meth:`Workload.to_dict`'s ``mix``; ``images`` only where the type has its own."""
 
+    images: dict[str, object]
+
+
+@dataclass(frozen=True)
+class RerankSpec:
+    """A rerank request: the query is the workload's ``input_tokens`` long and comes with
+    ``documents`` documents of ``document_tokens`` each; ``top_n`` asks for the best N only."""
+
+    documents: int = 8
+    document_tokens: Any = 128
+    top_n: int | None = None
+
+    @classmethod
+    def parse(cls, spec: Any) -> RerankSpec:
+        if isinstance(spec, RerankSpec):
+            return spec
+        if spec is None:
+            spec = {}
+        if not isinstance(spec, Mapping):
+            raise WorkloadError(f"rerank: expected a mapping (documents, document_tokens, top_n), got {spec!r}")
+        allowed = ("documents", "document_tokens", "top_n")
+        unknown = sorted(set(spec) - set(allowed))
+        if unknown:
+            raise WorkloadError(f"rerank: unknown key(s) {', '.join(map(str, unknown))}; valid: {', '.join(allowed)}")
+        documents = spec.get("documents", 8)
+        if isinstance(documents, bool) or not isinstance(documents, int) or documents < 1:
+            raise WorkloadError(f"rerank.documents must be a positive integer, got {documents!r}")
+        top_n = spec.get("top_n")
+        if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1):
+            raise WorkloadError(f"rerank.top_n must be a positive integer (or null: every document), got {top_n!r}")
+        return cls(documents=documents, document_tokens=LengthDist.parse(spec.get("document_tokens", 128),
+                                                                         "rerank.document_tokens"), top_n=top_n)
+
+    @property
+    def expected_results(self) -> int:
+        """How many results a correct answer holds: ``min(top_n, documents)``."""
+        return self.documents if self.top_n is None else min(self.top_n, self.documents)
+
+    def label(self) -> str:
+        return f"{self.documents}x{_spec_label(self.document_tokens)} docs"
+
+    def to_spec(self) -> dict[str, object]:
+        return {"documents": self.documents, "document_tokens": self.document_tokens.to_spec(), "top_n": self.top_n}
+
+
+class _WorkloadDictBase(TypedDict):
     input_tokens: LengthSpec
     output_tokens: LengthSpec
     rate_rps: float | None
@@ -246,6 +296,17 @@ class WorkloadDict(TypedDict):
     max_concurrency: int | None
 
 
+class WorkloadDict(_WorkloadDictBase, total=False):
+    """:meth:`Workload.to_dict`: every field, lengths as written (:data:`LengthSpec`), a trace,
+    dataset, conversation, image or rerank spec as its mapping. Runs saved by older versions may
+    lack the keys of fields added since; the keys below are written only when set (so the
+    workload hash of a text workload is what it was before they existed)."""
+
+    images: dict[str, object]
+    batch_size: int
+    rerank: dict[str, object]
+
+
 @dataclass(frozen=True)
 class Workload:
     """Traffic to send. Give ``rate_rps`` (open loop) or ``concurrency`` (closed loop), and bound it
@@ -260,6 +321,12 @@ class Workload:
     Where the load is sent from does not change the traffic (nor the fingerprint): ``workers``
     local processes, or ``ray_workers`` Ray actors of a cluster at ``ray_address`` (``"auto"``,
     ``"ray://host:10001"``, ``"host:6379"``), each running ``workers`` processes.
+
+    The request kind is ``api`` (:mod:`pytest_llmperf.kinds`): ``chat`` requests may carry
+    ``images`` (:class:`~pytest_llmperf.traffic.images.ImageSpec`; per request type too);
+    ``embeddings`` requests send ``batch_size`` inputs of ``input_tokens`` each; ``rerank``
+    requests a query of ``input_tokens`` with the documents of ``rerank``
+    (:class:`RerankSpec`). ``output_tokens`` applies to the streaming kinds only.
     """
 
     input_tokens: Any = 256
@@ -294,6 +361,9 @@ class Workload:
     cache_block_tokens: int = 16
     ramp_s: float = 0.0
     max_concurrency: int | None = None
+    images: Any = None
+    batch_size: int = 1
+    rerank: Any = None
     rate: InitVar[float | None] = None
     duration: InitVar[float | None] = None
 
@@ -322,9 +392,40 @@ class Workload:
                     set_(key, spec_cls.parse(value))
                 except InputError as exc:
                     raise WorkloadError(str(exc)) from None
+        if self.images is not None:
+            try:
+                set_("images", ImageSpec.parse(self.images))
+            except ImageSpecError as exc:
+                raise WorkloadError(str(exc)) from None
+        if self.rerank is not None or self.api == "rerank":
+            set_("rerank", RerankSpec.parse(self.rerank))
         self._validate()
 
+    def _validate_kind(self) -> None:
+        """The request kind against the fields that only some kinds take."""
+        if self.api not in APIS:
+            raise WorkloadError(f"api must be one of {', '.join(APIS)}, got {self.api!r}")
+        typed_images = [m.name for m in self.mix if m.images is not None]
+        if (self.images is not None or typed_images) and self.api != "chat":
+            where = "images" if self.images is not None else f"mix.{typed_images[0]}.images"
+            raise WorkloadError(f"{where}: images are sent in chat messages; set api: chat (got api {self.api!r})")
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise WorkloadError(f"batch_size must be a positive integer, got {self.batch_size!r}")
+        if self.batch_size > 1 and self.api != "embeddings":
+            raise WorkloadError(f"batch_size: inputs per request apply to api: embeddings, not {self.api!r}")
+        if self.rerank is not None and self.api != "rerank":
+            raise WorkloadError(f"rerank: documents are sent with api: rerank, not {self.api!r}")
+        if self.api in POOLING_APIS:
+            if self.conversation is not None:
+                raise WorkloadError(f"conversation: multi-turn chat does not apply to api: {self.api}")
+            if self.cache_hit_target is not None:
+                raise WorkloadError(f"cache_hit_target: applies to chat and completions, not api: {self.api}")
+            if self.api == "rerank" and self.dataset is not None:
+                raise WorkloadError("dataset: a dataset's rows are prompts, not rerank queries with documents; "
+                                    "use api: embeddings, chat or completions with a dataset")
+
     def _validate(self) -> None:
+        self._validate_kind()
         if self.trace is not None:
             if self.rate_rps is not None or self.concurrency is not None:
                 raise WorkloadError("trace: a replayed trace sets its own arrival times; drop rate_rps/concurrency "
@@ -387,8 +488,6 @@ class Workload:
             raise WorkloadError(f"warmup_requests must be a non-negative integer, got {self.warmup_requests!r}")
         if self.cache not in CACHE_STATES:
             raise WorkloadError(f"cache must be one of {', '.join(CACHE_STATES)}, got {self.cache!r}")
-        if self.api not in APIS:
-            raise WorkloadError(f"api must be one of {', '.join(APIS)}, got {self.api!r}")
         if not (isinstance(self.num_prefixes, int) and self.num_prefixes >= 1):
             raise WorkloadError(f"num_prefixes must be a positive integer, got {self.num_prefixes!r}")
         if self.prefix_tokens is not None:
@@ -464,11 +563,13 @@ class Workload:
             load += f" max {self.max_concurrency}"
         if self.ramp_s:
             load += f" ramp {self.ramp_s:g}s"
-        types = "+".join(m.name for m in self.mix) if self.mix else (
-            f"{_spec_label(self.input_tokens)}/{_spec_label(self.output_tokens)}"
-        )
+        types = "+".join(m.name for m in self.mix) if self.mix else self._lengths_label()
         if self.dataset is not None:
             types = f"dataset {Path(self.dataset.path).name}"
+            if self.api == "embeddings":
+                types = f"emb {types}" + (f" x{self.batch_size}" if self.batch_size > 1 else "")
+        if self.images is not None:
+            types += f" {self.images.label()}"
         if self.conversation is not None:
             types += f" {self.conversation.label()}"
         bound = []
@@ -479,19 +580,43 @@ class Workload:
         cache = self.cache if self.cache_hit_target is None else f"hit {self.cache_hit_target:.0%}"
         return f"{self.name + ' ' if self.name else ''}{types} {load} {' '.join(bound)} {cache}".strip()
 
+    def _lengths_label(self) -> str:
+        """The request's sizes as the label shows them: ``256/128`` (streaming kinds), ``emb 256x8``
+        (embeddings: tokens per input x inputs), ``rerank 32q 8x128 docs``."""
+        if self.api == "embeddings":
+            batch = f"x{self.batch_size}" if self.batch_size > 1 else ""
+            return f"emb {_spec_label(self.input_tokens)}{batch}"
+        if self.api == "rerank":
+            assert self.rerank is not None
+            return f"rerank {_spec_label(self.input_tokens)}q {self.rerank.label()}"
+        return f"{_spec_label(self.input_tokens)}/{_spec_label(self.output_tokens)}"
+
+    @property
+    def streams(self) -> bool:
+        """Whether the kind's answers stream tokens (chat, completions) or come in one body."""
+        return streams(self.api)
+
+    @property
+    def inputs_per_request(self) -> int:
+        """Inputs one request carries: embedding inputs, rerank documents, else 1."""
+        if self.api == "embeddings":
+            return self.batch_size
+        if self.api == "rerank" and self.rerank is not None:
+            return int(self.rerank.documents)
+        return 1
+
     def to_dict(self) -> WorkloadDict:
         def spec(value: Any) -> dict[str, object] | None:
             return None if value is None else value.to_spec()
 
-        return {
+        out: WorkloadDict = {
             "input_tokens": self.input_tokens.to_spec(), "output_tokens": self.output_tokens.to_spec(),
             "rate_rps": self.rate_rps, "concurrency": self.concurrency, "duration_s": self.duration_s,
             "num_requests": self.num_requests, "arrival": self.arrival, "burstiness": self.burstiness,
             "warmup_s": self.warmup_s, "warmup_requests": self.warmup_requests, "cache": self.cache,
             "prefix_tokens": self.prefix_tokens, "num_prefixes": self.num_prefixes, "api": self.api,
             "ignore_eos": self.ignore_eos, "sampling": dict(self.sampling), "seed": self.seed,
-            "mix": [{"name": m.name, "input_tokens": m.input_tokens.to_spec(),
-                     "output_tokens": m.output_tokens.to_spec(), "weight": m.weight} for m in self.mix],
+            "mix": [_type_dict(m) for m in self.mix],
             "trials": self.trials, "workers": self.workers, "ray_address": self.ray_address,
             "ray_workers": self.ray_workers, "timeout_s": self.timeout_s, "drain_s": self.drain_s,
             "name": self.name, "trace": spec(self.trace), "dataset": spec(self.dataset),
@@ -499,6 +624,14 @@ class Workload:
             "cache_block_tokens": self.cache_block_tokens, "ramp_s": self.ramp_s,
             "max_concurrency": self.max_concurrency,
         }
+        # Kind fields only when set: a text workload's dict, and so its hash, stays what it was.
+        if self.images is not None:
+            out["images"] = self.images.to_spec()
+        if self.batch_size != 1:
+            out["batch_size"] = self.batch_size
+        if self.rerank is not None:
+            out["rerank"] = self.rerank.to_spec()
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object], source: str = "workload") -> Workload:
@@ -527,6 +660,14 @@ class Workload:
                                           dataset_digest(self.dataset))
         blob = json.dumps(data, sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _type_dict(rtype: RequestType) -> RequestTypeDict:
+    out: RequestTypeDict = {"name": rtype.name, "input_tokens": rtype.input_tokens.to_spec(),
+                            "output_tokens": rtype.output_tokens.to_spec(), "weight": rtype.weight}
+    if rtype.images is not None:
+        out["images"] = rtype.images.to_spec()
+    return out
 
 
 def one_wave(num_requests: int, concurrency: int | None) -> int:

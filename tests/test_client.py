@@ -13,20 +13,20 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import uvicorn
+from memtransport import Answer, mock_client
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from pytest_llmperf.load.client import ClientError, StreamingClient
-from pytest_llmperf.load.protocol import StreamFailure
 from pytest_llmperf.records import PreparedRequest, RequestRecord
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Iterator
+    from collections.abc import Callable, Iterator
 
     from starlette.requests import Request
 
-    from pytest_llmperf.load.protocol import EncodedRequest, ResponseReader
+    from pytest_llmperf.load.protocol import EncodedRequest
 
 API_KEY = "sk-test-SECRET-0123456789abcdef"
 
@@ -518,59 +518,6 @@ def test_cancel_propagates_and_keeps_measurements(server):
 # ---------------------------------------------------------------------- in-memory transport
 
 
-@dataclass
-class Answer:
-    """What a ``MemoryTransport`` handler returns: status, headers and the body, one read per piece."""
-
-    status: int = 200
-    headers: dict[str, str] = field(default_factory=lambda: {"content-type": "text/event-stream"})
-    body: bytes | AsyncIterator[bytes] = b""
-
-
-class MemoryTransport:
-    """A ``StreamTransport`` in memory, as httpx's ``MockTransport`` is for httpx: ``handler`` gets
-    the request as it would be written and returns the answer, which is fed to the request's
-    ``ResponseReader`` with the calls ``Http1Pool`` makes (``sending``, ``headers``, one ``body``
-    per piece stamped on arrival, then ``end``; a body that raises is a dropped connection)."""
-
-    def __init__(self, handler: Callable[[EncodedRequest], Answer]) -> None:
-        self.handler = handler
-        self.closed = False
-
-    async def exchange(self, encoded: EncodedRequest, reader: ResponseReader) -> StreamFailure | None:
-        def now() -> float:
-            return time.perf_counter() - reader.origin_s
-
-        reader.sending()
-        answer = self.handler(encoded)
-        headers = {name.lower(): value for name, value in answer.headers.items()}
-        try:
-            reader.headers(answer.status, headers.get("content-type", ""), headers.get("content-encoding", ""),
-                           now())
-            if isinstance(answer.body, bytes):
-                reader.body(answer.body, now())
-            else:
-                try:
-                    async for piece in answer.body:
-                        reader.body(piece, now())
-                except StreamFailure:
-                    raise
-                except Exception as exc:  # noqa: BLE001 - the connection dropped mid-body
-                    return reader.broken(str(exc))
-            reader.end()
-        except StreamFailure as exc:
-            return exc
-        return None
-
-    def close(self) -> None:
-        self.closed = True
-
-
-def mock_client(handler: Callable[[EncodedRequest], Answer], **kw: Any) -> StreamingClient:
-    return StreamingClient("http://mock/v1", model="m", origin_s=time.perf_counter(),
-                           transport=MemoryTransport(handler), **kw)
-
-
 def test_events_split_into_single_bytes_through_the_client():
     body = (chunk(role="assistant", content="") + chunk("é") + b": ping\n\n" + chunk("ok", finish="stop")
             + usage_chunk(1, 2) + DONE).replace(b"\n", b"\r\n")
@@ -635,10 +582,10 @@ def test_error_body_is_read_only_so_far():
 def test_unknown_api_is_a_clear_error():
     async def main() -> None:
         async with mock_client(lambda request: Answer(status=500)) as client:
-            await client.send(PreparedRequest(index=4, prompt="p", max_tokens=2, api="embeddings"),
+            await client.send(PreparedRequest(index=4, prompt="p", max_tokens=2, api="moderations"),
                               RequestRecord(index=4))
 
-    with pytest.raises(ValueError, match="api must be one of chat, completions, got 'embeddings'"):
+    with pytest.raises(ValueError, match="api must be one of chat, completions, embeddings, rerank, got 'moderations'"):
         asyncio.run(main())
 
 

@@ -138,8 +138,7 @@ class StreamingClient:
         lets ``asyncio.CancelledError`` through, leaving what was measured on the record.
         """
         encoded = req if isinstance(req, EncodedRequest) else self.encode(req)
-        reader = ResponseReader(record, chat=encoded.request.api == "chat", origin_s=self.origin_s,
-                                api_key=self._api_key)
+        reader = ResponseReader(record, encoded.request, origin_s=self.origin_s, api_key=self._api_key)
         try:
             failure = await self._transport.exchange(encoded, reader)
             if failure is not None:

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from pytest_llmperf.errors import LLMPerfError
+from pytest_llmperf.kinds import streams
 from pytest_llmperf.load.arrivals import Pacer, arrival_times, ramped
 from pytest_llmperf.load.interrupts import run_guarded
 from pytest_llmperf.records import PHASE_MEASURE, PHASE_WARMUP, PreparedRequest, RequestRecord
@@ -151,10 +152,13 @@ def new_record(request: PreparedRequest, phase: str, scheduled_s: float) -> Requ
     return RequestRecord(
         index=request.index, phase=phase, request_type=request.request_type,
         scheduled_s=scheduled_s, sent_s=scheduled_s,
-        requested_output_tokens=request.max_tokens, output_length_fixed=request.output_length_fixed,
+        requested_output_tokens=request.max_tokens if streams(request.api) else None,
+        output_length_fixed=request.output_length_fixed,
         prompt_tokens_expected=request.prompt_tokens_expected,
         session=request.session, turn=request.turn,
         response_text=[] if request.keep_text else None,
+        images=len(request.images), image_pixels=sum(p.width * p.height for p in request.images),
+        inputs=request.input_count,
     )
 
 

@@ -27,17 +27,25 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypedDict
 
 import numpy as np
 
-from pytest_llmperf.records import PHASE_MEASURE, PreparedRequest
+from pytest_llmperf.errors import InputError
+from pytest_llmperf.kinds import streams
+from pytest_llmperf.records import PHASE_MEASURE, ImagePart, PreparedRequest
+from pytest_llmperf.traffic.images import ImageDraw, data_url, render
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping, Sequence
+    from collections.abc import Mapping, Sequence
 
+    from pytest_llmperf.traffic.images import ImageSpec
     from pytest_llmperf.workload import RequestType, Workload
+
+# Where a URL-form image is served: given the image and its file bytes, the URL to send.
+ImageHost = Callable[[ImageDraw, bytes, str], str]
 
 # Frequent English words; nearly all are one token (with a leading space) in Llama, Qwen, Mistral and
 # GPT tokenizers. The calibration step drops any that are not on the server at hand.
@@ -187,11 +195,16 @@ class PromptFactory:
 
     def __init__(self, workload: Workload, model: TokenModel, *, nonce: int | None = None,
                  extra_body: Mapping[str, object] | None = None, send_ignore_eos: bool = True,
-                 length_fields: Callable[[int, bool, int | None], dict[str, object]] | None = None) -> None:
+                 length_fields: Callable[[int, bool, int | None], dict[str, object]] | None = None,
+                 image_host: ImageHost | None = None) -> None:
         self.workload = workload
         self.model = model
         self.nonce = nonce if nonce is not None else int.from_bytes(os.urandom(6), "little")
         self.extra_body = dict(extra_body or {})
+        # URL-form images are handed to this (the runner's local image server); data URLs need none.
+        self.image_host = image_host
+        # Pooled images (``images.unique``) repeat: each is encoded once. Distinct ones are not kept.
+        self._image_urls: dict[str, str] = {}
         self.send_ignore_eos = send_ignore_eos
         # An engine preset's own way of fixing the output length (ignore_eos, min_tokens, a
         # logit_bias on EOS...); when given it replaces the default ignore_eos/min_tokens fields.
@@ -266,6 +279,9 @@ class PromptFactory:
     def sample_type(self, rng: np.random.Generator) -> RequestType:
         return self._types[int(np.searchsorted(self._cum_weights, rng.random(), side="right").clip(0, len(self._types) - 1))]
 
+    def _words(self, rng: np.random.Generator, n: int) -> str:
+        return " ".join(self._vocab[rng.integers(0, len(self._vocab), size=n)])
+
     def make(self, index: int, phase: str = PHASE_MEASURE) -> PreparedRequest:
         cached = self._cached(index, phase)
         if cached is not None:
@@ -274,6 +290,10 @@ class PromptFactory:
         rtype = self.sample_type(rng)
         input_tokens = int(rtype.input_tokens.sample(rng, 1)[0])
         output_tokens = int(rtype.output_tokens.sample(rng, 1)[0])
+        if self.workload.api == "embeddings" and self.workload.batch_size > 1:
+            return self._embedding_batch(index, phase, rng, rtype, input_tokens)
+        if self.workload.api == "rerank":
+            return self._rerank(index, phase, rng, input_tokens)
         words_total = self.model.words_for(input_tokens)
         parts = []
         used = 0
@@ -290,14 +310,80 @@ class PromptFactory:
         elif self._prefixes:
             parts.append(self._prefixes[int(rng.integers(0, len(self._prefixes)))])
             used += self._prefix_words
+        lead = used
         body_words = max(1, words_total - used)
-        parts.append(" ".join(self._vocab[rng.integers(0, len(self._vocab), size=body_words)]))
-        return self.finish(index, phase, " ".join(parts), input_tokens, output_tokens, rtype.name)
+        parts.append(self._words(rng, body_words))
+        request = self.finish(index, phase, " ".join(parts), input_tokens, output_tokens, rtype.name)
+        images = rtype.images if rtype.images is not None else self.workload.images
+        if images is not None:
+            self._add_images(request, images, lead)
+        return request
+
+    # ------------------------------------------------------------------ kinds beyond text
+
+    def _add_images(self, request: PreparedRequest, spec: ImageSpec, lead_words: int) -> None:
+        """Draw the request's images (from a generator of their own, so the text is what it would
+        be without them) and attach them, encoded, after the ``lead_words`` that must come first."""
+        rng = np.random.default_rng([self.workload.seed, request.index, 17])
+        draws = spec.draw(rng, request=request.index, nonce=self.nonce, seed=self.workload.seed)
+        request.images = tuple(ImagePart(self._image_url(d, spec), d.width, d.height) for d in draws)
+        request.image_position = spec.position
+        request.lead_words = lead_words
+
+    def _image_url(self, image: ImageDraw, spec: ImageSpec) -> str:
+        url = self._image_urls.get(image.image_id)
+        if url is not None:
+            return url
+        data = render(image, spec.format)
+        if spec.transport == "url":
+            if self.image_host is None:
+                raise InputError("images.transport url: no image server to serve the images from")
+            url = self.image_host(image, data, spec.format)
+        else:
+            url = data_url(data, spec.format)
+        if spec.unique is not None:
+            self._image_urls[image.image_id] = url
+        return url
+
+    def _input_text(self, index: int, k: int, rng: np.random.Generator, tokens: int) -> str:
+        """One embedding input or rerank document of ``tokens`` tokens; cold: salted (distinct per
+        input, so no two inputs of a batch share a cached prefix either)."""
+        words = self.model.words_for(tokens)
+        if self.workload.cache == "cold":
+            salt = self._salt((index << 12) ^ k)
+            return f"{salt} {self._words(rng, max(1, words - SALT_WORDS))}"
+        return self._words(rng, words)
+
+    def _embedding_batch(self, index: int, phase: str, rng: np.random.Generator, rtype: RequestType,
+                         first_tokens: int) -> PreparedRequest:
+        lengths = [first_tokens, *(int(x) for x in rtype.input_tokens.sample(rng, self.workload.batch_size - 1))]
+        inputs = tuple(self._input_text(index, k, rng, n) for k, n in enumerate(lengths))
+        request = self.finish(index, phase, inputs[0], sum(lengths), 0, rtype.name)
+        request.inputs = inputs
+        return request
+
+    def _rerank(self, index: int, phase: str, rng: np.random.Generator, query_tokens: int) -> PreparedRequest:
+        spec = self.workload.rerank
+        assert spec is not None
+        query = self._input_text(index, 0, rng, query_tokens)
+        lengths = spec.document_tokens.sample(rng, spec.documents)
+        documents = tuple(self._words(rng, self.model.words_for(int(n))) for n in lengths)
+        # The server formats each (query, document) pair its own way (separators, special tokens):
+        # there is no expected prompt count to hold it to.
+        request = self.finish(index, phase, query, None, 0, "default")
+        request.documents = documents
+        request.top_n = spec.top_n
+        return request
 
     def finish(self, index: int, phase: str, prompt: str, input_tokens: int | None, output_tokens: int,
                request_type: str = "default", history: Sequence[Mapping[str, object]] | None = None,
                keep_text: bool = False, session: int | None = None, turn: int | None = None) -> PreparedRequest:
         """A request from its parts, with the workload's sampling and output-length fields."""
+        if not streams(self.workload.api):
+            # Pooling kinds generate nothing: no output length to fix, no sampling seed to add.
+            return PreparedRequest(index=index, prompt=prompt, max_tokens=0, api=self.workload.api,
+                                   request_type=request_type, phase=phase, prompt_tokens_expected=input_tokens,
+                                   ignore_eos=False, sampling=dict(self.workload.sampling))
         sampling = dict(self.workload.sampling)
         if "seed" not in sampling and self.workload.sampling.get("temperature", 0) not in (0, None):
             sampling["seed"] = int(self.workload.seed * 1_000_003 + index) % (2**31)
@@ -363,8 +449,8 @@ async def exact_prompts(requests: list[PreparedRequest], counter: TokenCounter, 
 
     async def fix(request: PreparedRequest) -> tuple[int, bool]:
         target = request.prompt_tokens_expected
-        if not target:
-            return 0, False
+        if not target or request.inputs is not None or request.documents is not None:
+            return 0, False  # a batch's or a rerank pair's count is the server's formatting, not one prompt
         changed = False
         async with sem:
             for attempt in range(6):

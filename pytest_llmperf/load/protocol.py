@@ -48,24 +48,27 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from pytest_llmperf.errors import InputError, LLMPerfError
+from pytest_llmperf.kinds import APIS, PATHS, streams
+from pytest_llmperf.load.answers import WrongAnswer, check_embeddings, check_rerank, ignored_images
 from pytest_llmperf.load.sse import SSEEvent, SSEParser, SSEProtocolError, excerpt
+from pytest_llmperf.traffic.images import interleave
 
 if TYPE_CHECKING:
     from pytest_llmperf.records import PreparedRequest, RequestRecord
-
-APIS = ("chat", "completions")
-PATHS = {"chat": "/chat/completions", "completions": "/completions"}  # under the /v1 base URL
 
 _DONE = "[DONE]"
 _DETAIL_CHARS = 300
 # Error bodies are read only this far: enough for any JSON error message, bounded for a server
 # that answers an error with megabytes of HTML.
 _ERROR_BODY_BYTES = 16 * 1024
+# A pooling answer (embeddings of a batch, rerank results) is read whole up to this size: 32
+# inputs of 4,096 floats as JSON are about 3 MB.
+_ANSWER_BODY_BYTES = 256 * 1024 * 1024
 REDACTED = "***"
 _USER_AGENT = "pytest-llmperf"
 
 # What the reader does with the response body, decided once the headers are in.
-_HEADERS, _STREAM, _ERROR_BODY, _NOT_STREAM = range(4)
+_HEADERS, _STREAM, _ERROR_BODY, _NOT_STREAM, _ANSWER = range(5)
 
 
 class StreamFailure(LLMPerfError):
@@ -98,8 +101,22 @@ def build_body(req: PreparedRequest, model: str | None) -> dict[str, object]:
     body: dict[str, object] = {}
     if model is not None:
         body["model"] = model
+    if req.api == "embeddings":
+        body["input"] = list(req.inputs) if req.inputs is not None else req.prompt
+        body["encoding_format"] = "float"
+        body.update(req.sampling)
+        body.update(req.extra_body)
+        return body
+    if req.api == "rerank":
+        body["query"] = req.prompt
+        body["documents"] = list(req.documents or ())
+        if req.top_n is not None:
+            body["top_n"] = req.top_n
+        body.update(req.sampling)
+        body.update(req.extra_body)
+        return body
     if req.api == "chat":
-        body["messages"] = [*(req.history or ()), {"role": "user", "content": req.prompt}]
+        body["messages"] = [*(req.history or ()), {"role": "user", "content": chat_content(req)}]
     elif req.api == "completions":
         body["prompt"] = req.prompt
     else:
@@ -116,6 +133,37 @@ def build_body(req: PreparedRequest, model: str | None) -> dict[str, object]:
     return body
 
 
+def chat_content(req: PreparedRequest) -> str | list[dict[str, object]]:
+    """The user message's ``content``: the prompt as a string, or, with images, a list of text and
+    ``image_url`` parts. The first ``lead_words`` words (a cold run's salt) always come first;
+    the images go ``before`` the rest of the text, ``after`` all of it, or ``interleaved``
+    between equal shares of its words."""
+    if not req.images:
+        return req.prompt
+    words = req.prompt.split(" ")
+    lead, rest = words[:req.lead_words], words[req.lead_words:]
+    images: list[dict[str, object]] = [{"type": "image_url", "image_url": {"url": p.url}} for p in req.images]
+    if req.image_position == "after":
+        return [_text(" ".join(words)), *images]
+    if req.image_position == "interleaved":
+        runs = interleave(rest, len(images) + 1)
+        runs[0] = " ".join([*lead, runs[0]]).strip()
+        parts: list[dict[str, object]] = []
+        for k, run in enumerate(runs):
+            if run:
+                parts.append(_text(run))
+            if k < len(images):
+                parts.append(images[k])
+        return parts
+    head = [_text(" ".join(lead))] if lead else []
+    tail = [_text(" ".join(rest))] if rest else []
+    return [*head, *images, *tail]
+
+
+def _text(text: str) -> dict[str, object]:
+    return {"type": "text", "text": text}
+
+
 class RequestEncoder:
     """Serialises requests for one server: each API's HTTP/1.1 request head is built once, so
     encoding a request is one ``json.dumps`` and one concatenation."""
@@ -125,8 +173,9 @@ class RequestEncoder:
         host_header = parts.netloc.rsplit("@", 1)[-1]
         self._heads: dict[str, bytes] = {}
         for api, suffix in PATHS.items():
+            accept = "text/event-stream" if streams(api) else "application/json"
             lines = [f"POST {parts.path.rstrip('/')}{suffix} HTTP/1.1", f"Host: {host_header}",
-                     f"User-Agent: {_USER_AGENT}", "Accept: text/event-stream",
+                     f"User-Agent: {_USER_AGENT}", f"Accept: {accept}",
                      "Accept-Encoding: identity",  # raw bytes: no decompression per chunk
                      "Content-Type: application/json"]
             if api_key:
@@ -147,19 +196,22 @@ class ResponseReader:
     chunk, ``[DONE]``, ``finish_reason``), which :meth:`settle` turns into token counts.
     """
 
-    __slots__ = ("record", "chat", "origin_s", "api_key", "sse", "mode", "content_type", "decoder",
-                 "error_body", "chunk_cum", "cum", "usage", "done", "finished", "last_event_s")
+    __slots__ = ("record", "request", "chat", "origin_s", "api_key", "sse", "mode", "content_type", "decoder",
+                 "kept", "chunk_cum", "cum", "usage", "done", "finished", "last_event_s")
 
-    def __init__(self, record: RequestRecord, *, chat: bool, origin_s: float, api_key: str | None) -> None:
+    def __init__(self, record: RequestRecord, request: PreparedRequest, *, origin_s: float,
+                 api_key: str | None) -> None:
         self.record = record
-        self.chat = chat
+        self.request = request
+        self.chat = request.api == "chat"
         self.origin_s = origin_s
         self.api_key = api_key
         self.sse = SSEParser()
         self.mode = _HEADERS
         self.content_type = ""
         self.decoder: Any = None
-        self.error_body = bytearray()
+        # Body bytes kept: an error's (for its message), or a one-body answer's (parsed at the end).
+        self.kept = bytearray()
         # Cumulative completion_tokens carried by each text-bearing chunk (None: no usage on it).
         self.chunk_cum: list[int | None] = []
         self.cum: int | None = None
@@ -178,13 +230,14 @@ class ResponseReader:
         """The status line and headers arrived at ``t``."""
         self.record.status_code = status
         self.record.headers_s = t
+        wanted = "text/event-stream" if streams(self.request.api) else "application/json"
         if status >= 400:
             self.mode = _ERROR_BODY
-        elif not content_type.startswith("text/event-stream"):
+        elif not content_type.startswith(wanted):
             self.mode = _NOT_STREAM
             self.content_type = content_type
         else:
-            self.mode = _STREAM
+            self.mode = _STREAM if wanted == "text/event-stream" else _ANSWER
             encoding = content_encoding.strip().lower()
             if encoding not in ("", "identity"):
                 # We ask for identity; a server that compresses anyway still gets decoded.
@@ -195,9 +248,12 @@ class ResponseReader:
 
     def body(self, data: bytes, t: float) -> None:
         """One read of the body, received at ``t`` (the per-chunk hot path)."""
+        if self.mode == _ANSWER:
+            self._answer_part(data, t)
+            return
         if self.mode != _STREAM:
-            self.error_body += data
-            if len(self.error_body) >= _ERROR_BODY_BYTES:
+            self.kept += data
+            if len(self.kept) >= _ERROR_BODY_BYTES:
                 raise self._error_failure()
             return
         if self.done:
@@ -230,6 +286,9 @@ class ResponseReader:
 
     def end(self) -> None:
         """The body is complete: apply an unterminated last event and decide whether it succeeded."""
+        if self.mode == _ANSWER:
+            self._answer_end()
+            return
         if self.mode != _STREAM:
             raise self._error_failure()
         if self.done:
@@ -265,10 +324,27 @@ class ResponseReader:
         record.end_s = time.perf_counter() - self.origin_s
 
     def settle(self) -> None:
-        """Fill token counts and ``chunk_tokens`` from usage (see the module docstring)."""
+        """Fill token counts and ``chunk_tokens`` from usage (see the module docstring); then fail
+        a chat answer whose prompt count shows its images were not read (:func:`ignored_images`)."""
+        self._settle_tokens()
+        record = self.record
+        if record.ok and self.request.images:
+            why = ignored_images(self.request, record.prompt_tokens)
+            if why is not None:
+                record.ok = False
+                record.error_kind = "wrong_answer"
+                record.error_detail = why
+
+    def _settle_tokens(self) -> None:
         record = self.record
         n = len(record.chunk_times_s)
         usage = self.usage
+        if self.mode == _ANSWER:
+            record.prompt_tokens = _as_int(usage.get("prompt_tokens")) if usage else None
+            record.output_tokens = 0
+            record.chunk_tokens = []
+            record.token_source = "usage" if record.prompt_tokens is not None else "counted"
+            return
         completion = usage.get("completion_tokens") if usage else None
         if usage:
             record.prompt_tokens = _as_int(usage.get("prompt_tokens"))
@@ -300,6 +376,39 @@ class ResponseReader:
             shares = [share] * n
             shares[-1] = completion - share * (n - 1)
         record.chunk_tokens = shares
+
+    # ------------------------------------------------------------------ one-body answers
+
+    def _answer_part(self, data: bytes, t: float) -> None:
+        try:
+            if self.decoder is not None:
+                data = self.decoder.decompress(data)
+        except zlib.error as exc:
+            raise StreamFailure("malformed", f"undecodable response body: {exc}") from None
+        self.kept += data
+        self.last_event_s = t
+        if len(self.kept) > _ANSWER_BODY_BYTES:
+            raise StreamFailure("malformed", f"answer larger than {_ANSWER_BODY_BYTES // (1 << 20)} MiB")
+
+    def _answer_end(self) -> None:
+        """A pooling answer is complete: parse it, check it holds what the request asked for."""
+        raw = bytes(self.kept)
+        try:
+            obj = json.loads(raw)
+        except ValueError:
+            raise StreamFailure("malformed", f"answer is not JSON: {self._line_excerpt(raw[:_DETAIL_CHARS])}") from None
+        request = self.request
+        try:
+            if request.api == "embeddings":
+                usage = check_embeddings(obj, request.input_count)
+            else:
+                usage = check_rerank(obj, request.input_count, request.top_n)
+        except WrongAnswer as exc:
+            raise StreamFailure("wrong_answer", str(exc)) from None
+        self.usage = usage
+        record = self.record
+        record.ok = True
+        record.end_s = self.last_event_s if self.last_event_s is not None else time.perf_counter() - self.origin_s
 
     # ------------------------------------------------------------------ events
 
@@ -380,7 +489,7 @@ class ResponseReader:
     def _error_failure(self) -> StreamFailure:
         """The failure an HTTP error status or a non-stream answer stands for, with its body."""
         status = self.record.status_code or 0
-        text = scrub(bytes(self.error_body[:_ERROR_BODY_BYTES]).decode("utf-8", "replace"), self.api_key)
+        text = scrub(bytes(self.kept[:_ERROR_BODY_BYTES]).decode("utf-8", "replace"), self.api_key)
         if self.mode == _ERROR_BODY:
             return StreamFailure(_status_kind(status), f"HTTP {status}: {error_message(text)}", status)
         return StreamFailure(
@@ -443,4 +552,4 @@ def _as_status(code: Any) -> int | None:
 
 
 __all__ = ["APIS", "REDACTED", "EncodedRequest", "RequestEncoder", "ResponseReader", "StreamFailure",
-           "build_body", "error_message", "scrub"]
+           "build_body", "chat_content", "error_message", "scrub"]

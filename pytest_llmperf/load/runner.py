@@ -28,6 +28,7 @@ from pytest_llmperf.errors import LLMPerfError
 from pytest_llmperf.load.backends import BackendRun, TrialLoad, choose_backend, ray_address_for
 from pytest_llmperf.load.client import StreamingClient
 from pytest_llmperf.load.file_requests import DatasetTraffic, TraceTraffic, load_dataset
+from pytest_llmperf.load.image_server import ImageServer
 from pytest_llmperf.load.loadgen import run_sync
 from pytest_llmperf.load.multiturn import ConversationLoad
 from pytest_llmperf.load.prompts import (
@@ -43,6 +44,7 @@ from pytest_llmperf.load.prompts import (
 from pytest_llmperf.load.runner_config import RunnerConfig
 from pytest_llmperf.load.workers import ClientSpec
 from pytest_llmperf.metrics import summarize
+from pytest_llmperf.objectives import check_applies
 from pytest_llmperf.records import PreparedRequest, RequestRecord
 from pytest_llmperf.results import (
     RunResult,
@@ -65,6 +67,7 @@ if TYPE_CHECKING:
     from pytest_llmperf.objectives import SLO
     from pytest_llmperf.telemetry.gpu import GpuTelemetry
     from pytest_llmperf.timeslices import Timeslices
+    from pytest_llmperf.traffic.images import ImageSpec
     from pytest_llmperf.workload import Workload
 
 
@@ -98,6 +101,8 @@ class Runner:
 
     async def arun(self, workload: Workload, *, slo: SLO | None = None, trials: int | None = None) -> RunResult:
         n_trials = trials or workload.trials or 1
+        if slo is not None:
+            check_applies(slo, workload.api)  # before any load: a key the kind has no metric for
         results = []
         if workload.trace is not None:
             scan_trace(workload.trace)  # a bad line fails here, before any load
@@ -142,6 +147,10 @@ class Runner:
 
     @staticmethod
     def _cache_check(workload: Workload, results: list[TrialResult], token_model: TokenModel) -> CacheCheck | None:
+        if not workload.streams:
+            # Pooling engines cache prefixes or not by model type (encoder-only models cannot):
+            # a cold or warm claim about them is nothing a counter can settle.
+            return None
         telemetry = [t.telemetry for t in results]
         records = [r for t in results for r in t.records]
         if workload.cache_hit_target is not None:
@@ -209,8 +218,11 @@ class Runner:
             self.cache_resets_failed += 1
 
     async def _probe_usage(self, client: StreamingClient, api: str) -> TokenModel:
-        """No /tokenize: fit the word->token line from two tiny requests' usage.prompt_tokens."""
+        """No /tokenize: fit the word->token line from two tiny requests' usage.prompt_tokens
+        (rerank: the server formats each query-document pair its own way, so the estimate)."""
         fallback = estimated_model(api)
+        if api == "rerank":
+            return fallback
         points = []
         rng = np.random.default_rng(99)
         for n_words in (16, 96):
@@ -225,9 +237,20 @@ class Runner:
 
     async def _trial(self, workload: Workload, model: str, token_model: TokenModel, slo: SLO | None,
                      index: int, dataset: DatasetTraffic | None = None) -> TrialResult:
+        if not _serves_images(workload):
+            return await self._trial_on(workload, model, token_model, slo, index, dataset, None)
+        if (self.config.workers or workload.workers) > 1 or ray_address_for(workload, self.config) is not None:
+            raise RunError("images.transport url: the images are served from this process; "
+                           "send the load from it (workers: 1, no Ray)")
+        with ImageServer(self.base_url) as images:
+            return await self._trial_on(workload, model, token_model, slo, index, dataset, images)
+
+    async def _trial_on(self, workload: Workload, model: str, token_model: TokenModel, slo: SLO | None,
+                        index: int, dataset: DatasetTraffic | None, images: ImageServer | None) -> TrialResult:
         config = self.config
         factory = PromptFactory(workload, token_model, extra_body=config.extra_body,
-                                send_ignore_eos=config.send_ignore_eos, length_fields=config.length_fields)
+                                send_ignore_eos=config.send_ignore_eos, length_fields=config.length_fields,
+                                image_host=images.add if images is not None else None)
         if workload.conversation is not None:
             return await self._conversation_trial(workload, model, factory, slo, index)
         # The request source: a bound method each, so worker processes and Ray actors can take it.
@@ -245,6 +268,9 @@ class Runner:
             # Exact prompt lengths: count the prompts ahead of the load and fix any that are off.
             async with self._client(time.perf_counter(), timeout_s=workload.timeout_s) as client:
                 await exact_prompts(factory.prebuild(range(planned_requests(workload))), client, token_model)
+        elif _has_images(workload) and make == factory.make:
+            # Encoding an image takes milliseconds: done ahead, never on the load's event loop.
+            factory.prebuild(range(planned_requests(workload)))
         await self._reset_cache()
         origin = time.perf_counter()
         started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
@@ -326,6 +352,19 @@ class Runner:
                 server, _ = await samplers.stop()
         expected = {r.index: r.prompt_tokens_expected for r in outcome.records}
         return self._trial_result(index, BackendRun(outcome, expected), slo, started_at, origin, server)
+
+
+def _image_specs(workload: Workload) -> list[ImageSpec]:
+    specs = [workload.images] + [m.images for m in workload.mix]
+    return [s for s in specs if s is not None]
+
+
+def _has_images(workload: Workload) -> bool:
+    return bool(_image_specs(workload))
+
+
+def _serves_images(workload: Workload) -> bool:
+    return any(s.transport == "url" for s in _image_specs(workload))
 
 
 class _Samplers:

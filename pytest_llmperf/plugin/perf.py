@@ -21,7 +21,7 @@ from pytest_llmperf.baseline.schema import capacity_entry, fingerprint_for, run_
 from pytest_llmperf.errors import LLMPerfError, LLMPerfWarning
 from pytest_llmperf.load.runner import Runner
 from pytest_llmperf.load.runner_config import RunnerConfig
-from pytest_llmperf.objectives import SLO, SLOError, check
+from pytest_llmperf.objectives import SLO, SLOError, check, check_applies
 from pytest_llmperf.plugin.progress import ProgressPrinter
 from pytest_llmperf.plugin.state import nodeid_of
 from pytest_llmperf.results import at_launch, merge_runs
@@ -82,6 +82,11 @@ class LLMPerf:
         opts = session.options
         pair = session.pair
         workload = workload.scaled(opts.duration_scale)
+        for slo in self.slos:
+            try:
+                check_applies(slo, workload.api)  # before any load: a key the kind has no metric for
+            except SLOError as exc:
+                pytest.fail(f"llmperf: {exc}", pytrace=False)
         # A gate needs replicates: default to the calibrated trial count when saving or comparing
         # (see stats.DEFAULT_TRIALS and benchmarks/gate_calibration.py), one trial otherwise.
         gating_default = DEFAULT_TRIALS if (opts.save or opts.baseline or pair is not None) else 1

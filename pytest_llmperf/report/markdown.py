@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from pytest_llmperf.errors import InputError
 from pytest_llmperf.formatting import fmt_pct, fmt_tolerance, fmt_value
+from pytest_llmperf.report.terminal import kind_line
 from pytest_llmperf.stats import Verdict, tolerance_bounds
 
 if TYPE_CHECKING:
@@ -318,8 +319,14 @@ def _run_facts(test: TestReport, run: RunReport) -> str:
         facts.append(_plural(trials, "trial") + (f" (baseline {base_trials})" if base_trials else ""))
     if s is not None:
         facts.append(f"{s.completed}/{s.requests} ok")
-        facts.append(f"output {s.output_throughput_tps:.0f} tok/s")
+        if s.output_tokens_total or not s.completed:
+            facts.append(f"output {s.output_throughput_tps:.0f} tok/s")
+        else:  # a pooling kind (embeddings, rerank): what it processed, not what it generated
+            facts.append(f"input {s.input_throughput_tps:.0f} tok/s")
         facts.append(f"goodput {s.goodput_rps:.3g} req/s")
+        kind = kind_line(s)
+        if kind:
+            facts.append(kind)
     return "<sub>" + " · ".join(cell(f) for f in facts) + "</sub>"
 
 

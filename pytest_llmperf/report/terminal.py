@@ -40,6 +40,9 @@ def summary_text(summary: Summary, title: str | None = None) -> str:
         f"output {summary.output_throughput_tps:.1f} tok/s, input {summary.input_throughput_tps:.1f} tok/s; "
         f"goodput {summary.goodput_rps:.2f} req/s (attainment {summary.attainment:.1%})"
     )
+    kind = kind_line(summary)
+    if kind:
+        parts.append(kind)
     if summary.errors_by_kind:
         parts.append("errors: " + ", ".join(f"{k} {v}" for k, v in sorted(summary.errors_by_kind.items())))
     if summary.token_source != "usage":
@@ -50,6 +53,19 @@ def summary_text(summary: Summary, title: str | None = None) -> str:
     for warning in v.warnings:
         parts.append("warning: " + warning)
     return "\n".join(parts)
+
+
+def kind_line(summary: Summary) -> str | None:
+    """What the requests carried beyond one text prompt: inputs (embedding inputs, rerank
+    documents) and images, per successful request and per second; None for plain text."""
+    ok = summary.completed
+    parts = []
+    if ok and summary.inputs_total != ok:
+        parts.append(f"inputs {summary.inputs_total / ok:.3g}/request, {summary.inputs_per_s:.1f}/s")
+    if ok and summary.images_total:
+        mp = summary.image_pixels_total / summary.images_total / 1e6
+        parts.append(f"images {summary.images_total / ok:.3g}/request, {mp:.3g} MP each on average")
+    return "; ".join(parts) or None
 
 
 def progress_line(label: str, p: Any) -> str:
