@@ -152,7 +152,10 @@ class EnginePreset:
         if self.kind == KIND_SIM:
             head = argv[:3]  # python -m pytest_llmperf.sim
             preset_args = ["--preset", sim_preset] if sim_preset else []
-            return [*head, *preset_args, *argv[3:], *sim_args, *extra_args]
+            # A model name given to the simulator is the name it serves (as vLLM's
+            # --served-model-name), so a suite written for an engine's model runs on it as is.
+            model_args = ["--model", model] if model else []
+            return [*head, *preset_args, *argv[3:], *model_args, *sim_args, *extra_args]
         return [*argv, *extra_args]
 
     def launch_env(self, *, model: str | None, host: str, port: int) -> dict[str, str]:
