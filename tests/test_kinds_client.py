@@ -346,3 +346,79 @@ def test_image_server_serves_each_image_by_name():
 def test_rendered_pixels_are_noise_not_a_flat_colour():
     pixels = np.asarray(Image.open(io.BytesIO(render(ImageDraw("0f" * 12, 32, 32), "png"))))
     assert pixels.shape == (32, 32, 3) and pixels.std() > 50
+
+
+# ---------------------------------------------------------------------- images from files
+
+
+def _png(path, width, height):
+    Image.new("RGB", (width, height), (10, 20, 30)).save(path, format="PNG")
+
+
+def test_dataset_rows_carry_their_images(tmp_path):
+    from pytest_llmperf.load.file_requests import load_dataset
+    from pytest_llmperf.traffic.datasets import DatasetError, DatasetSpec, digest, read_dataset
+
+    (tmp_path / "img").mkdir()
+    _png(tmp_path / "img" / "a.png", 40, 30)
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(
+        json.dumps({"prompt": "what is in the picture", "images": ["img/a.png", "https://example.org/b.jpg"]}) + "\n"
+        + json.dumps({"messages": [{"role": "user", "content": [
+            {"type": "text", "text": "and here"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,"
+                                                + base64.b64encode((tmp_path / "img" / "a.png").read_bytes()).decode()}}]}]})
+        + "\n")
+    workload = Workload(rate_rps=1, duration_s=1, dataset={"path": str(rows)})
+    traffic = asyncio.run(load_dataset(workload, PromptFactory(workload, MODEL, nonce=1), None))
+    by_prompt = {}
+    for i in range(2):
+        request = traffic.make(i)
+        by_prompt[request.prompt] = request
+    first = by_prompt["what is in the picture"]
+    assert [(p.width, p.height) for p in first.images] == [(40, 30), (0, 0)]
+    assert first.images[0].url.startswith("data:image/png;base64,")
+    assert first.images[1].url == "https://example.org/b.jpg"
+    second = by_prompt["and here"]
+    assert [(p.width, p.height) for p in second.images] == [(40, 30)]
+    content = build_body(second, "m")["messages"][0]["content"]
+    assert [p["type"] for p in content] == ["image_url", "text"]
+    # The image file is part of the dataset's identity.
+    before = digest(DatasetSpec.parse(str(rows)))
+    _png(tmp_path / "img" / "a.png", 41, 30)
+    assert digest(DatasetSpec.parse(str(rows))) != before
+    rows.write_text(json.dumps({"prompt": "p", "images": ["img/missing.png"]}) + "\n")
+    with pytest.raises(DatasetError, match=r"rows.jsonl:1: field 'images': image file .*missing.png' does not exist"):
+        read_dataset(DatasetSpec.parse(str(rows)))
+    sharegpt = tmp_path / "llava.json"
+    sharegpt.write_text(json.dumps([{"image": "img/a.png", "conversations": [
+        {"from": "human", "value": "<image>\nDescribe it."}, {"from": "gpt", "value": "A dark square."}]}]))
+    (row,) = read_dataset(DatasetSpec.parse(str(sharegpt)))
+    assert row.prompt == "Describe it." and row.images == (str((tmp_path / "img" / "a.png").resolve()),)
+
+
+def test_trace_rows_carry_image_sizes_and_ids(tmp_path):
+    from pytest_llmperf.load.file_requests import TraceTraffic
+    from pytest_llmperf.traffic.traces import TraceError, TraceSpec, scan
+
+    plain = tmp_path / "plain.jsonl"
+    lines = [{"timestamp": 0, "input_length": 40, "output_length": 4},
+             {"timestamp": 10, "input_length": 40, "output_length": 4}]
+    plain.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    plain_digest = scan(TraceSpec.parse(str(plain))).digest
+    lines[0]["images"] = ["64x32", {"width": 16, "height": 16, "id": "logo"}]
+    lines[1]["images"] = [[16, 16], {"width": 16, "height": 16, "id": "logo"}]
+    traced = tmp_path / "mm.jsonl"
+    traced.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert scan(TraceSpec.parse(str(traced))).digest != plain_digest
+    workload = Workload(trace={"path": str(traced)})
+    traffic = TraceTraffic(workload, PromptFactory(workload, MODEL, nonce=3))
+    list(traffic.schedule())
+    first, second = traffic.make(0), traffic.make(1)
+    assert [(p.width, p.height) for p in first.images] == [(64, 32), (16, 16)]
+    assert first.images[1].url == second.images[1].url  # the same id: the same image
+    assert second.images[0].url != second.images[1].url
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"timestamp": 0, "input_length": 4, "output_length": 1, "images": ["0x10"]}) + "\n")
+    with pytest.raises(TraceError, match=r"bad.jsonl:1: field 'images\[0\]': expected a size of at least 1x1"):
+        scan(TraceSpec.parse(str(bad)))

@@ -16,14 +16,18 @@ request i sends row ``order[i mod n]``.
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 from collections import OrderedDict
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from pytest_llmperf.load.prompts import SALT_WORDS, PromptFactory, TokenCounter
-from pytest_llmperf.records import PHASE_MEASURE, PreparedRequest
-from pytest_llmperf.traffic.datasets import DatasetRow, read_dataset, select
+from pytest_llmperf.records import PHASE_MEASURE, ImagePart, PreparedRequest
+from pytest_llmperf.traffic.datasets import DatasetRow, content_text, is_url, read_dataset, select
+from pytest_llmperf.traffic.images import ImageDraw, data_url, file_data_url, image_size, render
 from pytest_llmperf.traffic.traces import TraceRow, rows
 
 if TYPE_CHECKING:
@@ -48,6 +52,7 @@ class TraceTraffic:
         self._pending: dict[int, TraceRow] = {}
         self._blocks: OrderedDict[int, list[str]] = OrderedDict()
         self._block_words = max(1, int(round(self.spec.block_tokens / self.model.slope)))
+        self._trace_images: dict[str, ImagePart] = {}
 
     def schedule(self) -> Iterator[float]:
         for index, row in enumerate(rows(self.spec)):
@@ -85,7 +90,24 @@ class TraceTraffic:
 
     def make(self, index: int, phase: str = PHASE_MEASURE) -> PreparedRequest:
         row = self._pending.pop(index)
-        return self.factory.finish(index, phase, self.prompt(index, row), row.input_tokens, row.output_tokens)
+        request = self.factory.finish(index, phase, self.prompt(index, row), row.input_tokens, row.output_tokens)
+        if row.images and self.workload.api == "chat":
+            request.images = tuple(self._image(row, k, size) for k, size in enumerate(row.images))
+        return request
+
+    def _image(self, row: TraceRow, k: int, size: tuple[int, int, str | None]) -> ImagePart:
+        """A trace row's image: the same id is the same image within a trial (nothing is shared
+        with another trial: the run's nonce, as for the prompts' blocks)."""
+        width, height, ident = size
+        nonce = self.factory.nonce
+        key = f"t:{nonce}:id:{ident}" if ident is not None else f"t:{nonce}:{row.line}:{k}"
+        draw = ImageDraw(hashlib.sha256(key.encode()).hexdigest()[:24], width, height)
+        part = self._trace_images.get(draw.image_id)
+        if part is None:
+            part = ImagePart(data_url(render(draw, "jpeg"), "jpeg"), width, height)
+            if ident is not None:
+                self._trace_images[draw.image_id] = part
+        return part
 
 
 class DatasetTraffic:
@@ -99,6 +121,7 @@ class DatasetTraffic:
         self.prompt_tokens = prompt_tokens
         self.output_tokens = output_tokens
         self.order = order
+        self._images: dict[str, ImagePart] = {}
 
     def make(self, index: int, phase: str = PHASE_MEASURE) -> PreparedRequest:
         i = self.order[index % len(self.order)]
@@ -107,12 +130,33 @@ class DatasetTraffic:
         if out is None:
             rng = np.random.default_rng([self.workload.seed, index])
             out = int(self.workload.output_tokens.sample(rng, 1)[0])
+        refs = list(row.images)
         if row.messages is not None and self.workload.api == "chat":
             history = [dict(m) for m in row.messages[:-1]]
-            prompt = str(row.messages[-1].get("content") or "")
+            content = row.messages[-1].get("content")
+            prompt = content_text(content)
+            if isinstance(content, list):  # the last message's own images, sent before its text
+                refs += [str(p["image_url"]["url"]) for p in content if p.get("type") == "image_url"]
         else:
             history, prompt = None, row.text
-        return self.factory.finish(index, phase, prompt, self.prompt_tokens[i], out, "dataset", history=history)
+        request = self.factory.finish(index, phase, prompt, self.prompt_tokens[i], out, "dataset", history=history)
+        if refs and self.workload.api == "chat":
+            request.images = tuple(self._image(ref) for ref in refs)
+        return request
+
+    def _image(self, ref: str) -> ImagePart:
+        """A dataset's image as sent: a file read once and sent as a data URL; a URL as it is
+        (its size read from a data URL; unknown, 0 x 0, for one the server fetches)."""
+        part = self._images.get(ref)
+        if part is None:
+            if is_url(ref) and not ref.startswith("data:"):
+                part = ImagePart(ref, 0, 0)
+            else:
+                data = base64.b64decode(ref.split(",", 1)[1]) if ref.startswith("data:") else Path(ref).read_bytes()
+                width, height = image_size(data)
+                part = ImagePart(ref if ref.startswith("data:") else file_data_url(data, ref), width, height)
+            self._images[ref] = part
+        return part
 
 
 async def load_dataset(workload: Workload, factory: PromptFactory, counter: TokenCounter | None,
@@ -132,7 +176,9 @@ async def load_dataset(workload: Workload, factory: PromptFactory, counter: Toke
         if counter is not None and model.source == "tokenize":
             async with sem:
                 if api == "chat":
-                    msgs = [dict(m) for m in row.messages] if row.messages else [{"role": "user", "content": row.text}]
+                    # Text only: the count the images-ignored check compares the server's count with.
+                    msgs = ([{"role": m["role"], "content": content_text(m.get("content"))} for m in row.messages]
+                            if row.messages else [{"role": "user", "content": row.text}])
                     ids = await counter.tokenize(messages=msgs)
                 else:
                     ids = await counter.tokenize(text=row.text)

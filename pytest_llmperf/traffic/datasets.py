@@ -10,6 +10,12 @@ Formats (``format="auto"`` picks by extension):
 - ``parquet`` / ``arrow`` (``.parquet``, ``.arrow``, ``.feather``): the same columns as JSONL,
   read with ``pyarrow`` (``pip install 'pytest-llmperf[datasets]'``).
 
+Images (chat): a JSONL/Parquet row's ``images`` (a list, or one string) and a ShareGPT row's
+``image`` (as LLaVA and ShareGPT4V files have it) name image files relative to the dataset file,
+or ``http(s)://`` / ``data:`` URLs, sent as ``image_url`` parts before the row's prompt; a
+``messages`` row may also hold OpenAI content parts (text and ``image_url``) as they are sent.
+A file named that does not exist fails the read, naming the row.
+
 The load layer then counts each row's prompt tokens (exactly via ``/tokenize`` when the server
 has it, else with the calibrated word model), drops rows outside ``[min_input_tokens,
 max_input_tokens]`` or whose answer exceeds ``max_output_tokens``, and shuffles the rest with the
@@ -17,7 +23,8 @@ workload's seed; request i uses row ``order[i mod n]``. At most ``max_rows`` row
 sample) are read into the run.
 
 Identity: :func:`digest` is SHA-256 over every usable row in file order (its prompt or messages,
-its ``output_tokens`` and, for ShareGPT, the reference answer), so a run's fingerprint names the
+its ``output_tokens``, for ShareGPT the reference answer, and the SHA-256 of each image file it
+names, or the URL), so a run's fingerprint names the
 dataset by its content, not its path. Rows the reader skips (blank lines, ShareGPT conversations
 without a human turn) do not enter it. The length filters need the server's token counts, so
 they cannot be applied here: their limits enter the fingerprint with the spec instead, and every
@@ -106,12 +113,62 @@ class DatasetRow:
     output_tokens: int | None = None
     # ShareGPT: the reference answer, whose token count becomes the answer length.
     output_text: str | None = None
+    # Images sent before the prompt: absolute file paths, or http(s)/data URLs.
+    images: tuple[str, ...] = ()
 
     @property
     def text(self) -> str:
         if self.prompt is not None:
             return self.prompt
-        return "\n".join(str(m.get("content") or "") for m in self.messages or ())
+        return "\n".join(content_text(m.get("content")) for m in self.messages or ())
+
+
+def content_text(content: object) -> str:
+    """The text of a message's content: a string, or the text parts of a list of parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(str(p.get("text") or "") for p in content if isinstance(p, Mapping) and p.get("type") == "text")
+    return ""
+
+
+def _is_part(part: object) -> bool:
+    if not isinstance(part, Mapping):
+        return False
+    if part.get("type") == "text":
+        return isinstance(part.get("text"), str)
+    url = part.get("image_url")
+    return part.get("type") == "image_url" and isinstance(url, Mapping) and isinstance(url.get("url"), str)
+
+
+def _valid_content(content: object) -> bool:
+    return isinstance(content, str) or (isinstance(content, list) and bool(content) and all(map(_is_part, content)))
+
+
+def _images(spec: DatasetSpec, row: int, value: Any) -> tuple[str, ...]:
+    """A row's image references: file paths (made absolute against the dataset's folder, and
+    checked to exist) or URLs."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if isinstance(value, np.ndarray):
+        value = list(value)
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise DatasetError(f"{_where(spec, row)}: field 'images': expected a list of image paths or URLs")
+    out = []
+    for ref in value:
+        if is_url(ref):
+            out.append(ref)
+            continue
+        if "://" in ref:
+            raise DatasetError(f"{_where(spec, row)}: field 'images': {ref!r}: only http(s):// and data: URLs "
+                               "or file paths can be sent")
+        path = Path(spec.path).parent / ref
+        if not path.is_file():
+            raise DatasetError(f"{_where(spec, row)}: field 'images': image file {str(path)!r} does not exist")
+        out.append(str(path.resolve()))
+    return tuple(out)
 
 
 def _where(spec: DatasetSpec, row: int) -> str:
@@ -133,22 +190,23 @@ def _row(spec: DatasetSpec, row: int, obj: Any) -> DatasetRow:
     if not isinstance(obj, Mapping):
         raise DatasetError(f"{_where(spec, row)}: expected an object with 'prompt' or 'messages'")
     out = _output_tokens(spec, row, obj.get("output_tokens"))
+    images = _images(spec, row, obj.get("images"))
     prompt = obj.get("prompt")
     if prompt is not None:
         if not isinstance(prompt, str) or not prompt.strip():
             raise DatasetError(f"{_where(spec, row)}: field 'prompt': expected a non-empty string")
-        return DatasetRow(row, prompt=prompt, output_tokens=out)
+        return DatasetRow(row, prompt=prompt, output_tokens=out, images=images)
     messages = obj.get("messages")
     if messages is None:
         raise DatasetError(f"{_where(spec, row)}: missing field 'prompt' (or 'messages')")
     if isinstance(messages, np.ndarray):
         messages = list(messages)
     if not isinstance(messages, list) or not messages or not all(
-            isinstance(m, Mapping) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            isinstance(m, Mapping) and isinstance(m.get("role"), str) and _valid_content(m.get("content"))
             for m in messages):
         raise DatasetError(f"{_where(spec, row)}: field 'messages': expected a non-empty list of "
-                           "{role, content} objects with string content")
-    return DatasetRow(row, messages=tuple(dict(m) for m in messages), output_tokens=out)
+                           "{role, content} objects (content a string or a list of text and image_url parts)")
+    return DatasetRow(row, messages=tuple(dict(m) for m in messages), output_tokens=out, images=images)
 
 
 def _sharegpt(spec: DatasetSpec) -> list[DatasetRow]:
@@ -174,7 +232,12 @@ def _sharegpt(spec: DatasetSpec) -> list[DatasetRow]:
         reply = turns[human + 1] if human + 1 < len(turns) and isinstance(turns[human + 1], Mapping) else None
         answer = reply.get("value") if reply is not None else None
         if text.strip():
-            rows.append(DatasetRow(i, prompt=text, output_text=answer if isinstance(answer, str) else None))
+            # LLaVA / ShareGPT4V rows name their image; vLLM's ShareGPT reader drops the "<image>" tag.
+            images = _images(spec, i, item.get("image"))
+            if images:
+                text = text.replace("<image>", "").strip() or text
+            rows.append(DatasetRow(i, prompt=text, output_text=answer if isinstance(answer, str) else None,
+                                   images=images))
     return rows
 
 
@@ -245,10 +308,21 @@ def digest(spec: DatasetSpec) -> str:
     out = hashlib.sha256()
     for row in _usable(spec):
         # One JSON array per row: a prompt and a one-message chat of the same text stay apart.
-        out.update(json.dumps([row.prompt, row.messages, row.output_tokens, row.output_text],
-                              sort_keys=True, default=str).encode())
+        fields: list[object] = [row.prompt, row.messages, row.output_tokens, row.output_text]
+        if row.images:  # appended only when present: a text dataset's digest is what it was
+            fields.append([ref if is_url(ref) else _file_digest(ref) for ref in row.images])
+        out.update(json.dumps(fields, sort_keys=True, default=str).encode())
         out.update(b"\n")
     return out.hexdigest()
+
+
+def is_url(ref: str) -> bool:
+    """Whether an image reference is a URL to send as is (else a file to read)."""
+    return ref.startswith(("http://", "https://", "data:"))
+
+
+def _file_digest(path: str) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def select(spec: DatasetSpec, rows: list[DatasetRow], prompt_tokens: list[int], output_tokens: list[int | None],

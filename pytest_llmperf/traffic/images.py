@@ -214,6 +214,26 @@ def data_url(data: bytes, fmt: str) -> str:
     return f"data:{MIME[fmt]};base64,{base64.b64encode(data).decode('ascii')}"
 
 
+def image_size(data: bytes) -> tuple[int, int]:
+    """(width, height) of an image file, from its header (Pillow reads no pixels for this);
+    (0, 0) when Pillow cannot tell (an unknown format: the server will say what it makes of it)."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            return int(image.width), int(image.height)
+    except (UnidentifiedImageError, OSError):
+        return 0, 0
+
+
+def file_data_url(data: bytes, name: str) -> str:
+    """A ``data:`` URL for an image file of a dataset, typed by its extension."""
+    suffix = name.rsplit(".", 1)[-1].lower()
+    mime = {"jpg": "image/jpeg", "jpeg": "image/jpeg", "png": "image/png", "webp": "image/webp",
+            "gif": "image/gif", "bmp": "image/bmp"}.get(suffix, "application/octet-stream")
+    return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
+
+
 def file_name(image: ImageDraw, fmt: str) -> str:
     """The name an image is served under in URL form (its identity and extension)."""
     return f"{image.image_id}.{'jpg' if fmt == 'jpeg' else 'png'}"
@@ -320,4 +340,4 @@ def _is_number(value: Any) -> bool:
 
 
 __all__ = ["IMAGE_FORMATS", "POSITIONS", "TRANSPORTS", "ImageCount", "ImageDraw", "ImageSize", "ImageSpec", "ImageSpecError",
-           "data_url", "file_name", "interleave", "render"]
+           "data_url", "file_data_url", "file_name", "image_size", "interleave", "render"]

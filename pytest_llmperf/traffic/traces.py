@@ -7,6 +7,10 @@ Formats (``format="auto"`` picks by extension: ``.jsonl``/``.json`` Mooncake, ``
   ``block_tokens``-token blocks (512 in the published traces): two requests with the same first k
   ids share their first k blocks, so replay gives equal ids equal block text and the server's
   prefix cache sees the sharing the trace recorded.
+  A line may also carry ``images``: the images the request sent, each ``[width, height]``,
+  ``"WxH"`` or ``{"width", "height", "id"}``; equal ids are the same image (an engine's image
+  cache sees the reuse the trace recorded), rows without ids get images of their own. They are
+  replayed as JPEG images of those sizes (chat API).
 - Azure CSV with a header holding ``TIMESTAMP`` (``2023-11-16 18:15:46.6805900`` or seconds),
   ``ContextTokens`` and ``GeneratedTokens``; no prefix information (every prompt unique).
 
@@ -122,6 +126,8 @@ class TraceRow:
     input_tokens: int
     output_tokens: int
     hash_ids: tuple[int, ...] = ()
+    # Images the request sent: (width, height, id or None).
+    images: tuple[tuple[int, int, str | None], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -159,8 +165,37 @@ def _open(path: str) -> Any:
         raise TraceError(f"{path}: cannot read trace file: {exc.strerror}") from None
 
 
-def _mooncake(path: str) -> Iterator[tuple[int, float, int, int, tuple[int, ...]]]:
-    """(line, timestamp_s, input, output, hash_ids) per line, validated."""
+_Raw = tuple[int, float, int, int, tuple[int, ...], tuple[tuple[int, int, "str | None"], ...]]
+
+
+def _trace_images(path: str, line: int, value: Any) -> tuple[tuple[int, int, str | None], ...]:
+    if type(value) is not list:
+        raise TraceError(f"{path}:{line}: field 'images': expected a list of [width, height], 'WxH' or "
+                         f"{{width, height, id}}, got {value!r}")
+    out = []
+    for k, item in enumerate(value):
+        ident: str | None = None
+        width: Any
+        height: Any
+        if isinstance(item, str) and "x" in item.lower():
+            w_s, _, h_s = item.lower().partition("x")
+            width, height = (int(w_s), int(h_s)) if w_s.isdigit() and h_s.isdigit() else (0, 0)
+        elif isinstance(item, list) and len(item) == 2:
+            width, height = item
+        elif isinstance(item, Mapping):
+            width, height = item.get("width"), item.get("height")
+            ident = None if item.get("id") is None else str(item["id"])
+        else:
+            width = height = 0
+        if not all(type(v) is int and v >= 1 for v in (width, height)):
+            raise TraceError(f"{path}:{line}: field 'images[{k}]': expected a size of at least 1x1 pixels, "
+                             f"got {item!r}")
+        out.append((width, height, ident))
+    return tuple(out)
+
+
+def _mooncake(path: str) -> Iterator[_Raw]:
+    """(line, timestamp_s, input, output, hash_ids, images) per line, validated."""
     loads = json.loads
     with _open(path) as fh:
         for n, text in enumerate(fh, 1):
@@ -185,10 +220,12 @@ def _mooncake(path: str) -> Iterator[tuple[int, float, int, int, tuple[int, ...]
                 inp = _length(path, n, "input_length", inp, 1)
             if type(out) is not int or out < 0:
                 out = _length(path, n, "output_length", out, 0)
-            hashes = obj.get("hash_ids", ())
+            hashes = obj.get("hash_ids", [])  # optional: rows without get a unique salt
             if type(hashes) is not list:
                 raise TraceError(f"{path}:{n}: field 'hash_ids': expected a list of integers, got {hashes!r}")
-            yield n, ts / 1000.0, inp, max(out, 1), tuple(hashes)
+            images = obj.get("images")
+            yield n, ts / 1000.0, inp, max(out, 1), tuple(hashes), (() if images is None else
+                                                                  _trace_images(path, n, images))
 
 
 def _number(path: str, line: int, field: str, value: Any) -> float:
@@ -225,7 +262,7 @@ class _AzureClock:
         return _number(path, line, "TIMESTAMP", text)
 
 
-def _azure(path: str) -> Iterator[tuple[int, float, int, int, tuple[int, ...]]]:
+def _azure(path: str) -> Iterator[_Raw]:
     clock = _AzureClock()
     with _open(path) as fh:
         reader = csv.reader(fh)
@@ -250,10 +287,10 @@ def _azure(path: str) -> Iterator[tuple[int, float, int, int, tuple[int, ...]]]:
             out = int(out_s) if out_s.isdigit() else _length(path, n, "GeneratedTokens", out_s.strip(), 0)
             if inp < 1:
                 inp = _length(path, n, "ContextTokens", inp, 1)
-            yield n, clock.seconds(path, n, row[it].strip()), inp, max(out, 1), ()
+            yield n, clock.seconds(path, n, row[it].strip()), inp, max(out, 1), (), ()
 
 
-def _raw(spec: TraceSpec) -> Iterator[tuple[int, float, int, int, tuple[int, ...]]]:
+def _raw(spec: TraceSpec) -> Iterator[_Raw]:
     return _mooncake(spec.path) if spec.resolved_format == "mooncake" else _azure(spec.path)
 
 
@@ -264,7 +301,7 @@ def rows(spec: TraceSpec) -> Iterator[TraceRow]:
     t0: float | None = None
     prev = -math.inf
     prev_line = 0
-    for line, ts, inp, out, hashes in _raw(spec):
+    for line, ts, inp, out, hashes, images in _raw(spec):
         if ts < prev:
             raise TraceError(f"{spec.path}:{line}: field '{'timestamp' if spec.resolved_format == 'mooncake' else 'TIMESTAMP'}': "
                              f"time goes backwards ({ts:.3f} s after {prev:.3f} s on line {prev_line})")
@@ -276,7 +313,7 @@ def rows(spec: TraceSpec) -> Iterator[TraceRow]:
             continue
         if rel >= end:
             return
-        yield TraceRow(line, (rel - start) / speedup, inp, out, hashes)
+        yield TraceRow(line, (rel - start) / speedup, inp, out, hashes, images)
 
 
 def scan(spec: TraceSpec) -> TraceScan:
@@ -294,7 +331,8 @@ def scan(spec: TraceSpec) -> TraceScan:
         lines = row.line
         # repr keeps the float exact and hash ids' types apart (1 vs "1"); the line number is left
         # out: a blank line moves it without changing what is sent.
-        batch.append(f"{row.offset_s!r} {row.input_tokens} {row.output_tokens} {row.hash_ids!r}\n")
+        images = f" {row.images!r}" if row.images else ""  # only when present: plain traces keep their digest
+        batch.append(f"{row.offset_s!r} {row.input_tokens} {row.output_tokens} {row.hash_ids!r}{images}\n")
         if len(batch) == 4096:
             digest.update("".join(batch).encode())
             batch.clear()
