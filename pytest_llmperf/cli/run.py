@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from pytest_llmperf import jsonio
 from pytest_llmperf.cli.options import OptionError, add_shared_argument, api_key_from_env, option_spec
 from pytest_llmperf.errors import InputError, cli_flag
+from pytest_llmperf.kinds import APIS
 
 if TYPE_CHECKING:
     import argparse
@@ -40,7 +41,15 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--warmup", type=float, default=0.0, help="warm-up seconds (run, recorded, excluded)")
     p.add_argument("--arrival", choices=["poisson", "gamma", "constant"], default="poisson")
     p.add_argument("--cache", choices=["cold", "warm"], default="cold")
-    p.add_argument("--api", choices=["chat", "completions"], default="chat")
+    p.add_argument("--api", choices=list(APIS), default="chat",
+                   help="request kind: chat, completions, embeddings (/v1/embeddings) or rerank (/v1/rerank)")
+    p.add_argument("--images", metavar="N[-M]",
+                   help="chat: images per request, a count or a range (e.g. 2 or 1-3)")
+    p.add_argument("--image-size", action="append", default=[], metavar="WxH[:WEIGHT]",
+                   help="chat: an image size bucket, e.g. 224x224 or 1280x720:0.3 (repeatable; default 512x512)")
+    p.add_argument("--batch-size", type=int, default=1, help="embeddings: inputs per request")
+    p.add_argument("--documents", type=int, help="rerank: documents per query (default 8)")
+    p.add_argument("--document-tokens", type=int, help="rerank: tokens per document (default 128)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--slo", action="append", default=[], metavar="KEY=VALUE",
                    help="per-request SLO for goodput and a pass/fail check, e.g. ttft_p95=0.5 (repeatable)")
@@ -56,18 +65,45 @@ def _workload_from_args(args: argparse.Namespace) -> Workload:
     if args.workload is not None:
         workload = load_workload(args.workload, args.name)
         return workload
-    missing = [flag for flag, value in (("--input-tokens", args.input_tokens), ("--output-tokens", args.output_tokens))
-               if value is None]
+    # Pooling kinds generate nothing: they need no --output-tokens.
+    lengths = [("--input-tokens", args.input_tokens)]
+    if args.api in ("chat", "completions"):
+        lengths.append(("--output-tokens", args.output_tokens))
+    missing = [flag for flag, value in lengths if value is None]
     if missing:
         raise CliError(f"give --workload FILE, or {' and '.join(missing)} with --rate/--concurrency and --duration")
+    images = None
+    if args.images is not None or args.image_size:
+        sizes: list[object] = [_size(s) for s in args.image_size] or ["512x512"]
+        images = {"count": _count(args.images or "1"), "sizes": sizes}
+    rerank = None
+    if args.documents is not None or args.document_tokens is not None:
+        rerank = {k: v for k, v in (("documents", args.documents), ("document_tokens", args.document_tokens))
+                  if v is not None}
     try:
         return Workload(
-            input_tokens=args.input_tokens, output_tokens=args.output_tokens, rate_rps=args.rate,
+            input_tokens=args.input_tokens, output_tokens=args.output_tokens or 1, rate_rps=args.rate,
             concurrency=args.concurrency, duration_s=args.duration, num_requests=args.num_requests,
             warmup_s=args.warmup, arrival=args.arrival, cache=args.cache, api=args.api, seed=args.seed,
+            images=images, batch_size=args.batch_size, rerank=rerank,
         )
     except WorkloadError as exc:
         raise CliError(f"workload: {exc}") from None
+
+
+def _count(text: str) -> int | list[int]:
+    low, sep, high = text.partition("-")
+    if not (low.strip().isdigit() and (not sep or high.strip().isdigit())):
+        raise CliError(f"--images expects a count or a range like 1-3, got {text!r}")
+    return [int(low), int(high)] if sep else int(low)
+
+
+def _size(text: str) -> dict[str, object]:
+    size, sep, weight = text.partition(":")
+    try:
+        return {"size": size, "weight": float(weight)} if sep else {"size": size}
+    except ValueError:
+        raise CliError(f"--image-size expects WxH or WxH:WEIGHT, got {text!r}") from None
 
 
 def _slo_from_args(pairs: list[str]) -> SLO | None:
