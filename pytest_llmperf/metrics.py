@@ -153,6 +153,14 @@ class SummaryDict(_SummaryDictBase, total=False):
     inputs_per_s: float
     images_total: int
     image_pixels_total: int
+    answers_checked: int
+    invalid_answers: int
+    invalid_rate: float
+    invalid_by_kind: dict[str, int]
+    draft_tokens_total: int
+    draft_accepted_total: int
+    spec_acceptance_rate: float | None
+    spec_accept_length: float | None
 
 
 # The keys of a summary's latency distributions (``Summary.ttft_s``...).
@@ -298,6 +306,15 @@ class Summary:
     - ``inputs_total``: inputs of successful requests (embedding inputs, rerank documents, 1 for a
       generation request); ``inputs_per_s = inputs_total / window_s``. ``images_total`` and
       ``image_pixels_total``: the images successful chat requests carried, and their pixels.
+    - ``answers_checked``: successful requests whose answer had a shape to check (tools,
+      response_format); ``invalid_answers`` of them missed it (``invalid_by_kind``: no_call,
+      unknown_function, bad_arguments, not_json, schema); ``invalid_rate = invalid_answers /
+      answers_checked`` (0 when nothing was checked). An invalid answer is not a good request.
+    - Speculative decoding (requests the server reported draft counts for): ``draft_tokens_total``
+      proposed, ``draft_accepted_total`` accepted; ``spec_acceptance_rate = accepted / drafted``;
+      ``spec_accept_length = Σ output tokens / Σ (output tokens − accepted)``: tokens per
+      target-model step (each step emits the accepted drafts plus one token of its own). None
+      without counts (the runner may fill both from the server's counters instead).
     - ``goodput_rps = good_requests / window_s``; a request is good when it succeeded and met every
       per-request threshold of the SLO (:meth:`SLO.is_good`); with no SLO every success is good.
     - ``attainment = good_requests / requests`` (failed and cancelled stay in the denominator).
@@ -340,6 +357,14 @@ class Summary:
     inputs_per_s: float = 0.0
     images_total: int = 0
     image_pixels_total: int = 0
+    answers_checked: int = 0
+    invalid_answers: int = 0
+    invalid_rate: float = 0.0
+    invalid_by_kind: dict[str, int] = field(default_factory=dict)
+    draft_tokens_total: int = 0
+    draft_accepted_total: int = 0
+    spec_acceptance_rate: float | None = None
+    spec_accept_length: float | None = None
 
     def distribution(self, metric: str) -> Distribution:
         """The distribution of ``metric`` (``ttft``, ``ttfvt``, ``tpot``, ``itl``, ``e2e``)."""
@@ -364,6 +389,10 @@ class Summary:
             "energy_per_output_token_j": self.energy_per_output_token_j,
             "inputs_total": self.inputs_total, "inputs_per_s": self.inputs_per_s,
             "images_total": self.images_total, "image_pixels_total": self.image_pixels_total,
+            "answers_checked": self.answers_checked, "invalid_answers": self.invalid_answers,
+            "invalid_rate": self.invalid_rate, "invalid_by_kind": dict(self.invalid_by_kind),
+            "draft_tokens_total": self.draft_tokens_total, "draft_accepted_total": self.draft_accepted_total,
+            "spec_acceptance_rate": self.spec_acceptance_rate, "spec_accept_length": self.spec_accept_length,
         }
 
     @classmethod
@@ -373,7 +402,9 @@ class Summary:
             # completed request and no images (request kinds beyond text).
             data = {"energy_per_output_token_j": None, "inputs_total": data.get("completed", 0),
                     "inputs_per_s": data.get("request_throughput_rps", 0.0), "images_total": 0,
-                    "image_pixels_total": 0, **data}
+                    "image_pixels_total": 0, "answers_checked": 0, "invalid_answers": 0, "invalid_rate": 0.0,
+                    "invalid_by_kind": {}, "draft_tokens_total": 0, "draft_accepted_total": 0,
+                    "spec_acceptance_rate": None, "spec_accept_length": None, **data}
         _check_keys(cls, data, "Summary")
         return cls(
             requests=int(data["requests"]), completed=int(data["completed"]), failed=int(data["failed"]),
@@ -396,6 +427,12 @@ class Summary:
             energy_per_output_token_j=_opt_float(data.get("energy_per_output_token_j")),
             inputs_total=int(data["inputs_total"]), inputs_per_s=float(data["inputs_per_s"]),
             images_total=int(data["images_total"]), image_pixels_total=int(data["image_pixels_total"]),
+            answers_checked=int(data["answers_checked"]), invalid_answers=int(data["invalid_answers"]),
+            invalid_rate=float(data["invalid_rate"]),
+            invalid_by_kind={str(k): int(v) for k, v in (data["invalid_by_kind"] or {}).items()},
+            draft_tokens_total=int(data["draft_tokens_total"]), draft_accepted_total=int(data["draft_accepted_total"]),
+            spec_acceptance_rate=_opt_float(data["spec_acceptance_rate"]),
+            spec_accept_length=_opt_float(data["spec_accept_length"]),
         )
 
 
@@ -557,8 +594,23 @@ def censored_stat(
 
 def _is_good(record: RequestRecord, slo: GoodnessRule | None) -> bool:
     if slo is None:
-        return record.ok
+        return record.ok and record.answer_valid is not False
     return slo.is_good(record)
+
+
+def spec_decoding(records: Sequence[RequestRecord]) -> tuple[int, int, float | None, float | None]:
+    """(drafted, accepted, acceptance rate, accept length) over the records that carry draft
+    counts (see :class:`Summary`); the last two None when none does."""
+    counted = [r for r in records if r.draft_tokens is not None and r.draft_accepted is not None]
+    drafted = sum(int(r.draft_tokens or 0) for r in counted)
+    accepted = sum(int(r.draft_accepted or 0) for r in counted)
+    if not counted:
+        return 0, 0, None, None
+    output = sum(int(r.output_tokens or 0) for r in counted)
+    steps = output - accepted
+    rate = accepted / drafted if drafted else None
+    length = output / steps if steps > 0 else None
+    return drafted, accepted, rate, length
 
 
 # ---------------------------------------------------------------------- run-level metrics
@@ -827,6 +879,9 @@ def _summarize(
     input_total = sum(int(r.prompt_tokens) for r in succeeded if r.prompt_tokens is not None)
     output_total = sum(_record_output_tokens(r) for r in succeeded)
     inputs_total = sum(r.inputs for r in succeeded)
+    checked = [r for r in succeeded if r.answer_valid is not None]
+    invalid = Counter(r.answer_invalid or "invalid" for r in checked if r.answer_valid is False)
+    spec = spec_decoding(succeeded)
     sources = {r.token_source for r in succeeded}
     token_source = sources.pop() if len(sources) == 1 else ("mixed" if sources else "usage")
     types = sorted({r.request_type for r in measured})
@@ -870,4 +925,12 @@ def _summarize(
         inputs_per_s=_rate(inputs_total, span),
         images_total=sum(r.images for r in succeeded),
         image_pixels_total=sum(r.image_pixels for r in succeeded),
+        answers_checked=len(checked),
+        invalid_answers=sum(invalid.values()),
+        invalid_rate=_rate(sum(invalid.values()), len(checked)),
+        invalid_by_kind=dict(sorted(invalid.items())),
+        draft_tokens_total=spec[0],
+        draft_accepted_total=spec[1],
+        spec_acceptance_rate=spec[2],
+        spec_accept_length=spec[3],
     )

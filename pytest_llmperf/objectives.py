@@ -1,7 +1,9 @@
 """Service-level objectives: parsing the ``@slo(...)`` marker and checking a summary against it.
 
 Keys are ``<metric>_<stat>`` latency limits in seconds (``ttft_p95=1.0``), plus ``error_rate``
-(max fraction), ``goodput_min_rps`` and ``attainment_min`` (min fraction). The tail latency limits
+(max fraction), ``goodput_min_rps``, ``attainment_min`` (min fraction), ``invalid_rate`` (max
+fraction of constrained answers that were not the valid call or object asked for) and
+``spec_accept_length_min`` (min tokens per target-model step of speculative decoding). The tail latency limits
 (``p90``, ``p95``, ``p99``, ``max``) double as the per-request SLO that defines goodput
 (:meth:`SLO.is_good`); ``p50`` and ``mean`` limits do not (see there). ``tolerance``,
 ``trials`` and ``request_type`` ride along for the pytest layer and the baseline comparison.
@@ -28,9 +30,9 @@ if TYPE_CHECKING:
 LATENCY_KEYS = tuple(f"{m}_{s}" for m in METRICS for s in STATS)
 # Thresholds at these stats are also per-request limits (goodput); p50 and mean are not.
 PER_REQUEST_STATS = ("p90", "p95", "p99", "max")
-RATE_KEYS = ("error_rate", "goodput_min_rps", "attainment_min")
+RATE_KEYS = ("error_rate", "goodput_min_rps", "attainment_min", "invalid_rate", "spec_accept_length_min")
 # Keys whose limit is a floor (the measured value must reach it); every other key is a ceiling.
-FLOOR_KEYS = ("goodput_min_rps", "attainment_min")
+FLOOR_KEYS = ("goodput_min_rps", "attainment_min", "spec_accept_length_min")
 OPTION_KEYS = ("tolerance", "trials", "request_type")
 VALID_KEYS = LATENCY_KEYS + RATE_KEYS + OPTION_KEYS
 
@@ -110,6 +112,10 @@ class SLOCheck:
             return summary.goodput_rps
         if self.metric == "attainment":
             return summary.attainment
+        if self.metric == "invalid_rate":
+            return summary.invalid_rate if summary.answers_checked else None
+        if self.metric == "spec_accept_length":
+            return summary.spec_accept_length
         if self.metric not in METRICS or self.stat not in STATS:
             return None
         return summary.distribution(self.metric).stat(self.stat)
@@ -127,6 +133,8 @@ class SLO:
     error_rate: float | None = None
     goodput_min_rps: float | None = None
     attainment_min: float | None = None
+    invalid_rate: float | None = None
+    spec_accept_length_min: float | None = None
     tolerance: float | None = None
     trials: int | None = None
     request_type: str | None = None
@@ -162,6 +170,8 @@ class SLO:
             error_rate=get("error_rate", low=0.0, high=1.0),
             goodput_min_rps=get("goodput_min_rps", low=0.0),
             attainment_min=get("attainment_min", low=0.0, high=1.0),
+            invalid_rate=get("invalid_rate", low=0.0, high=1.0),
+            spec_accept_length_min=get("spec_accept_length_min", low=1.0),
             tolerance=get("tolerance", low=0.0, high=1.0,
                           hint="a fraction, e.g. 0.05 for 5%"),
             trials=_trials(source, mapping.get("trials")),
@@ -193,8 +203,9 @@ class SLO:
     def is_good(self, record: RequestRecord) -> bool:
         """Whether one request met the per-request SLO (the definition of goodput).
 
-        Good = succeeded and, for every latency threshold at ``p90``, ``p95``, ``p99`` or
-        ``max`` (:data:`PER_REQUEST_STATS`), the request's own value <= limit: ``ttft_*``,
+        Good = succeeded with a valid answer (no invalid call or object) and, for every latency
+        threshold at ``p90``, ``p95``, ``p99`` or ``max`` (:data:`PER_REQUEST_STATS`), the
+        request's own value <= limit: ``ttft_*``,
         ``ttfvt_*``, ``e2e_*`` compare the request's latency (a missing one, e.g. no visible token,
         is not good); ``tpot_*`` its TPOT; ``itl_<stat>`` that stat of its own ITL samples. TPOT
         and ITL do not exist below two tokens, so they cannot be violated there. Requests of
@@ -206,8 +217,8 @@ class SLO:
         checked on the distribution only. An SLO with only such thresholds counts every
         success as good.
         """
-        if not record.ok:
-            return False
+        if not record.ok or record.answer_valid is False:
+            return False  # failed, or answered other than asked (an invalid call or object)
         if self.request_type is not None and record.request_type != self.request_type:
             return True
         itl = None
@@ -313,6 +324,20 @@ def check(summary: Summary, slo: SLO, records: Sequence[RequestRecord] | None = 
             target.attainment if n else None, n, "fraction", label=label, fmt=_percent,
             detail=f"{target.good_requests} good of {n}",
         ))
+    if slo.invalid_rate is not None:
+        checked = target.answers_checked
+        why = ", ".join(f"{k} {v}" for k, v in target.invalid_by_kind.items())
+        out.append(_make_check(
+            "invalid_rate", "invalid_rate", "max", slo.invalid_rate, target.invalid_rate if checked else None,
+            checked, "fraction", label=label, fmt=_percent,
+            detail=f"{target.invalid_answers} invalid of {checked} answers checked" + (f": {why}" if why else ""),
+        ))
+    if slo.spec_accept_length_min is not None:
+        out.append(_make_check(
+            "spec_accept_length_min", "spec_accept_length", "min", slo.spec_accept_length_min,
+            target.spec_accept_length, n, "tok/step", label=label, fmt=lambda v, d: f"{v:.{d}f} tok/step",
+            detail=f"{target.draft_accepted_total} of {target.draft_tokens_total} drafted tokens accepted",
+        ))
     return out
 
 
@@ -320,7 +345,16 @@ def check(summary: Summary, slo: SLO, records: Sequence[RequestRecord] | None = 
 
 
 _RATE_META = {"error_rate": ("error_rate", "max", "fraction"), "goodput_min_rps": ("goodput", "min", "rps"),
-              "attainment_min": ("attainment", "min", "fraction")}
+              "attainment_min": ("attainment", "min", "fraction"), "invalid_rate": ("invalid_rate", "max", "fraction"),
+              "spec_accept_length_min": ("spec_accept_length", "min", "tok/step")}
+
+
+# Why a key other than a latency had nothing to measure, where "no measured requests" is not why.
+_MISSING = {
+    "spec_accept_length_min": "no draft counts: the server reported none per request or in its counters "
+                              "(is speculative decoding on?)",
+    "invalid_rate": "no answer to check (the workload asks for no tool call or response format, or none succeeded)",
+}
 
 
 def _limit(slo: SLO, key: str) -> float:
@@ -351,7 +385,7 @@ def _make_check(
     name = f"{key}{label}"
     upper = key not in FLOOR_KEYS
     if measured is None:
-        what = "no samples to measure" if unit == "s" else "no measured requests"
+        what = _MISSING.get(key, "no samples to measure" if unit == "s" else "no measured requests")
         message = f"{name}: {what} (n={n}), limit {fmt(limit, 2)}: counted as a failure"
         return SLOCheck(key, metric, stat, limit, None, n, False, unit, message)
     passed = measured <= limit if upper else measured >= limit

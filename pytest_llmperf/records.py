@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
+    from pytest_llmperf.traffic.structured import ResponseFormatSpec, ToolSpec
+
 PHASE_WARMUP = "warmup"
 PHASE_MEASURE = "measure"
 
@@ -77,6 +79,19 @@ class RequestRecord:
     images: int = 0
     image_pixels: int = 0
     inputs: int = 1
+    # Constrained answers (tools, response_format): None when nothing was asked of the answer's
+    # shape; else whether it was a valid call or object, and if not, a short kind (no_call,
+    # unknown_function, bad_arguments, not_json, schema) and why. An invalid answer is no error
+    # (the server answered), but it is not a good request either.
+    answer_valid: bool | None = None
+    answer_invalid: str | None = None
+    answer_error: str | None = None
+    # The answer's tool calls ({id, name, arguments}), kept when the next turn sends them back.
+    tool_calls: list[dict[str, str]] | None = None
+    # Speculative decoding, where the server reports it per request (llama.cpp's timings):
+    # tokens the draft model proposed and how many of them the target model accepted.
+    draft_tokens: int | None = None
+    draft_accepted: int | None = None
 
     @property
     def dispatch_lag_s(self) -> float:
@@ -169,6 +184,11 @@ class PreparedRequest:
     inputs: tuple[str, ...] | None = None
     documents: tuple[str, ...] | None = None
     top_n: int | None = None
+    # Chat: the tools offered (and tool_choice), or the response format the answer must take.
+    tools: ToolSpec | None = None
+    response_format: ResponseFormatSpec | None = None
+    # The model field of this request when it is not the session's model (a LoRA adapter's name).
+    model: str | None = None
 
     @property
     def input_count(self) -> int:

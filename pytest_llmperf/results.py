@@ -19,6 +19,8 @@ from pytest_llmperf.metrics import Summary, summarize
 from pytest_llmperf.records import PHASE_MEASURE, RequestRecord
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from pytest_llmperf.cache_check import CacheCheck
     from pytest_llmperf.load.prompts import TokenModelDict
     from pytest_llmperf.load.ray_load import RayRun
@@ -81,6 +83,8 @@ class RunResult:
     slo_checks: list[SLOCheck] = field(default_factory=list)
     label: str = ""
     cache_check: CacheCheck | None = None
+    # The request kind the server refused or ignored on every request (kind_check.kind_problems).
+    kind_problems: list[str] = field(default_factory=list)
 
     @property
     def records(self) -> list[RequestRecord]:
@@ -138,6 +142,27 @@ def with_gpu(summary: Summary, gpu: GpuTelemetry | PooledGpu | None, output_toke
     return dataclasses.replace(summary, energy_per_output_token_j=per_token, validity=validity)
 
 
+def with_spec_counters(summary: Summary, telemetry: Sequence[ServerTelemetry | None]) -> Summary:
+    """``summary`` with speculative decoding read from the server's counters (vLLM's
+    ``spec_decode_num_drafts`` / ``_draft_tokens`` / ``_accepted_tokens``, summed over
+    ``telemetry``'s trials) when its requests carried no draft counts of their own:
+    acceptance rate = accepted / drafted tokens; accept length = 1 + accepted / drafts (each
+    verification step emits its accepted drafts plus one token of its own)."""
+    if summary.spec_accept_length is not None:
+        return summary
+    totals = {"spec_drafts": 0.0, "spec_draft_tokens": 0.0, "spec_accepted_tokens": 0.0}
+    for t in telemetry:
+        if t is None or any(k not in t.deltas for k in totals):
+            return summary  # a trial without the counters: no run-wide figure
+        for key in totals:
+            totals[key] += t.deltas[key]
+    drafts, drafted, accepted = totals["spec_drafts"], totals["spec_draft_tokens"], totals["spec_accepted_tokens"]
+    if not telemetry or drafts <= 0 or drafted <= 0:
+        return summary
+    return dataclasses.replace(summary, draft_tokens_total=int(drafted), draft_accepted_total=int(accepted),
+                               spec_acceptance_rate=accepted / drafted, spec_accept_length=1.0 + accepted / drafts)
+
+
 def generated_tokens(records: list[RequestRecord]) -> int:
     """Output tokens of every successful request, warm-up included (what the GPU worked for)."""
     return int(sum(r.output_tokens or 0 for r in records if r.ok))
@@ -182,6 +207,7 @@ def pooled_summary(trials: list[TrialResult], slo: SLO | None, throttle: str = "
     pooled = summarize(shifted, slo=slo, window_s=(0.0, offset), loop_lag_p99_s=lag)
     tokens = sum(generated_tokens(t.records) for t in trials)
     pooled = with_gpu(pooled, pooled_gpu(trials), tokens, throttle)
+    pooled = with_spec_counters(pooled, [t.telemetry for t in trials])
     return with_invalid_reasons(pooled, [f"trial {t.index}: {r}" for t in trials for r in t.invalid_reasons])
 
 
@@ -208,4 +234,4 @@ def with_invalid_reasons(summary: Summary, reasons: list[str]) -> Summary:
 
 
 __all__ = ["THROTTLE_POLICIES", "PooledGpu", "RunResult", "TrialResult", "at_launch", "generated_tokens", "pooled_gpu", "pooled_summary",
-           "merge_runs", "with_gpu", "with_invalid_reasons"]
+           "merge_runs", "with_gpu", "with_invalid_reasons", "with_spec_counters"]

@@ -20,10 +20,12 @@ import numpy as np
 
 from pytest_llmperf.errors import InputError
 from pytest_llmperf.kinds import APIS, POOLING_APIS, streams
+from pytest_llmperf.traffic.adapters import AdapterSpec
 from pytest_llmperf.traffic.conversations import ConversationSpec
 from pytest_llmperf.traffic.datasets import DatasetSpec
 from pytest_llmperf.traffic.datasets import digest as dataset_digest
 from pytest_llmperf.traffic.images import ImageSpec, ImageSpecError
+from pytest_llmperf.traffic.structured import ResponseFormatSpec, ToolSpec
 from pytest_llmperf.traffic.traces import TraceSpec
 from pytest_llmperf.traffic.traces import scan as scan_trace
 
@@ -305,6 +307,9 @@ class WorkloadDict(_WorkloadDictBase, total=False):
     images: dict[str, object]
     batch_size: int
     rerank: dict[str, object]
+    tools: dict[str, object]
+    response_format: dict[str, object]
+    adapters: dict[str, object]
 
 
 @dataclass(frozen=True)
@@ -327,6 +332,14 @@ class Workload:
     ``embeddings`` requests send ``batch_size`` inputs of ``input_tokens`` each; ``rerank``
     requests a query of ``input_tokens`` with the documents of ``rerank``
     (:class:`RerankSpec`). ``output_tokens`` applies to the streaming kinds only.
+
+    Constrained answers (chat): ``tools`` (:class:`~pytest_llmperf.traffic.structured.ToolSpec`)
+    or ``response_format`` (:class:`~pytest_llmperf.traffic.structured.ResponseFormatSpec`);
+    every answer is checked (a valid call, a valid object) and the share of invalid ones is a
+    statistic of its own. Such an answer ends when the call or object is complete, so
+    ``output_tokens`` is its cap (``max_tokens``), not its length. ``adapters``
+    (:class:`~pytest_llmperf.traffic.adapters.AdapterSpec`) spreads the requests over LoRA
+    adapters, each named in the request's ``model`` field and each a request type of the run.
     """
 
     input_tokens: Any = 256
@@ -364,6 +377,9 @@ class Workload:
     images: Any = None
     batch_size: int = 1
     rerank: Any = None
+    tools: Any = None
+    response_format: Any = None
+    adapters: Any = None
     rate: InitVar[float | None] = None
     duration: InitVar[float | None] = None
 
@@ -399,6 +415,15 @@ class Workload:
                 raise WorkloadError(str(exc)) from None
         if self.rerank is not None or self.api == "rerank":
             set_("rerank", RerankSpec.parse(self.rerank))
+        constrained: tuple[tuple[str, Any], ...] = (
+            ("tools", ToolSpec.parse), ("response_format", ResponseFormatSpec.parse), ("adapters", AdapterSpec.parse))
+        for key, parse in constrained:
+            value = getattr(self, key)
+            if value is not None:
+                try:
+                    set_(key, parse(value))
+                except InputError as exc:
+                    raise WorkloadError(str(exc)) from None
         self._validate()
 
     def _validate_kind(self) -> None:
@@ -415,6 +440,18 @@ class Workload:
             raise WorkloadError(f"batch_size: inputs per request apply to api: embeddings, not {self.api!r}")
         if self.rerank is not None and self.api != "rerank":
             raise WorkloadError(f"rerank: documents are sent with api: rerank, not {self.api!r}")
+        for key in ("tools", "response_format"):
+            if getattr(self, key) is not None and self.api != "chat":
+                raise WorkloadError(f"{key}: constrained answers are asked for in chat requests; set api: chat "
+                                    f"(got api {self.api!r})")
+        if self.tools is not None and self.response_format is not None:
+            raise WorkloadError("tools and response_format: give one; an answer is either a call or an object")
+        if self.adapters is not None:
+            if self.api in POOLING_APIS:
+                raise WorkloadError(f"adapters: LoRA adapters serve chat and completions, not api: {self.api}")
+            if self.mix:
+                raise WorkloadError("adapters: each adapter is a request type of the run; drop 'mix' "
+                                    "(or give each type its own test)")
         if self.api in POOLING_APIS:
             if self.conversation is not None:
                 raise WorkloadError(f"conversation: multi-turn chat does not apply to api: {self.api}")
@@ -533,9 +570,24 @@ class Workload:
 
     @property
     def request_types(self) -> tuple[RequestType, ...]:
+        """The request types requests are drawn from: the mix, one per LoRA adapter (named after
+        it), or the one default type."""
         if self.mix:
             return self.mix
+        if self.adapters is not None:
+            return tuple(RequestType(name, self.input_tokens, self.output_tokens, share)
+                         for name, share in zip(self.adapters.names, self.adapters.shares))
         return (RequestType("default", self.input_tokens, self.output_tokens, 1.0),)
+
+    @property
+    def type_names(self) -> list[str]:
+        """The named request types an SLO may pick (``request_type=``): the mix's or the adapters'."""
+        return [t.name for t in self.request_types] if (self.mix or self.adapters is not None) else []
+
+    @property
+    def constrained(self) -> bool:
+        """Whether every answer is checked against what was asked (a tool call, a JSON object)."""
+        return self.tools is not None or self.response_format is not None
 
     def scaled(self, factor: float) -> Workload:
         """The same workload with its measured window and warm-up multiplied by ``factor`` (smoke
@@ -570,6 +622,9 @@ class Workload:
                 types = f"emb {types}" + (f" x{self.batch_size}" if self.batch_size > 1 else "")
         if self.images is not None:
             types += f" {self.images.label()}"
+        for spec in (self.tools, self.response_format, self.adapters):
+            if spec is not None:
+                types += f" {spec.label()}"
         if self.conversation is not None:
             types += f" {self.conversation.label()}"
         bound = []
@@ -631,6 +686,12 @@ class Workload:
             out["batch_size"] = self.batch_size
         if self.rerank is not None:
             out["rerank"] = self.rerank.to_spec()
+        if self.tools is not None:
+            out["tools"] = self.tools.to_spec()
+        if self.response_format is not None:
+            out["response_format"] = self.response_format.to_spec()
+        if self.adapters is not None:
+            out["adapters"] = self.adapters.to_spec()
         return out
 
     @classmethod

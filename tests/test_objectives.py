@@ -49,7 +49,7 @@ def test_parse_reads_every_kind_of_key():
     assert (slo.tolerance, slo.trials, slo.request_type) == (0.05, 3, "chat")
     assert slo.keys == ("ttft_p95", "itl_max", "tpot_mean", "error_rate", "goodput_min_rps", "attainment_min")
     assert SLO.parse(slo.to_dict()) == slo
-    assert len(VALID_KEYS) == 5 * 6 + 3 + 3
+    assert len(VALID_KEYS) == 5 * 6 + 5 + 3  # latency, rate and floor keys, options
 
 
 def test_unknown_key_names_it_and_suggests_the_closest():

@@ -121,7 +121,7 @@ def compare_entries(
     out = RunComparison(key=key, label=candidate.get("label", key),
                         allowed_diffs=[d.describe() for d in allowed] if allowed else [])
     for g in entry_gated_stats(candidate):
-        if g.kind == "errors":
+        if g.kind == "counts":
             comp = _compare_errors(g, baseline, candidate, tolerance=tolerance, alpha=alpha)
             out.comparisons.append(bonferroni(comp, family_size))
             continue
@@ -132,6 +132,11 @@ def compare_entries(
         if len(b_vals) >= 2 and len(c_vals) >= 2 and len(b_known) == len(b_vals) and len(c_known) == len(c_vals):
             comp = _compare_trial_values(g, b_known, c_known, tolerance=tolerance, alpha=alpha, paired=paired)
             comp = _tail_floor(comp, g, baseline, candidate)
+        elif g.kind == "value":
+            # A per-trial value of the server's (accept length): no per-request samples to resample.
+            why = ("the baseline did not measure it (saved by an older version or another setup)" if None in b_vals
+                   else f"it is compared across trials: at least 2 per side needed (got {len(b_vals)} vs {len(c_vals)})")
+            comp = _not_gated_stat(g, len(b_vals), len(c_vals), tolerance, alpha, why)
         elif g.request_type is not None:
             # Per-request samples carry no request type, so quick mode cannot split them.
             why = ("the baseline has no per-type statistics (saved by an older version); save it again"
@@ -315,8 +320,8 @@ def trial_stat(trial: SavedTrial, g: GatedStat) -> float | None:
                 return recomputed
         return None if value is None else float(value)  # "inf" in a report file is +inf
     rate = decode_float(value)
-    if rate is None:
-        return None
+    if rate is None or g.kind != "goodput":
+        return rate
     # Goodput is a count over a window; half a request of continuity correction keeps the log-ratio
     # defined when a side had no good request at all (a collapse to zero must read REGRESSED).
     window = float(trial.get("window_s") or 0.0)
@@ -379,23 +384,30 @@ def _compare_trial_values(g: GatedStat, b_vals: list[float], c_vals: list[float]
     return comp
 
 
+def summary_counts(entry: SavedEntry, g: GatedStat) -> tuple[int, int] | None:
+    """(events, trials) of a rate gated as counts, from an entry's pooled summary (failed /
+    requests, invalid answers / answers checked); None when the summary lacks them."""
+    summary = entry.get("summary")
+    events, total = g.count_keys
+    if not summary or events not in summary or total not in summary:
+        return None
+    return int(summary[events]), int(summary[total])  # type: ignore[literal-required]
+
+
 def _compare_errors(g: GatedStat, baseline: Sequence[SavedEntry], candidate: SavedEntry, *,
                     tolerance: float, alpha: float) -> Comparison:
-    """Error rate: failed / requests from each side's pooled summaries (all pooled baseline
-    entries), compared as counts (:func:`~pytest_llmperf.stats.compare_counts`)."""
+    """A rate gated as counts (the error rate, the invalid-answer rate): the summary's events /
+    trials from each side's pooled summaries (all pooled baseline entries), compared as counts
+    (:func:`~pytest_llmperf.stats.compare_counts`)."""
     def counts(entries: Sequence[SavedEntry]) -> tuple[int, int] | None:
-        failed = total = 0
-        for e in entries:
-            summary = e.get("summary")
-            if not summary or "failed" not in summary or "requests" not in summary:
-                return None
-            failed += int(summary["failed"])
-            total += int(summary["requests"])
-        return failed, total
+        pairs = [summary_counts(e, g) for e in entries]
+        if any(p is None for p in pairs):
+            return None
+        return sum(p[0] for p in pairs if p), sum(p[1] for p in pairs if p)
 
     b, c = counts(baseline), counts([candidate])
     if b is None or c is None:
-        return _not_gated_stat(g, 0, 0, tolerance, alpha, "a side has no request counts in its summary")
+        return _not_gated_stat(g, 0, 0, tolerance, alpha, f"a side has no {g.count_keys[1]} counts in its summary")
     return compare_counts(g.key, b[0], b[1], c[0], c[1], tolerance=tolerance, alpha=alpha)
 
 

@@ -45,12 +45,15 @@ from pytest_llmperf.baseline.compare import (
     headline,
     precision_floor,
     shortened,
+    summary_counts,
     trial_stat,
 )
 from pytest_llmperf.baseline.history import change_points, recent_shift, session_value
 from pytest_llmperf.baseline.schema import (
     ERROR_RATE_KEY,
     GOODPUT_KEY,
+    INVALID_RATE_KEY,
+    SPEC_ACCEPT_KEY,
     GatedStat,
     SavedEntry,
     entry_gated_stats,
@@ -202,7 +205,7 @@ class GateSession:
                 if i not in kept.get(key, set()) or is_capacity(entry) or not _valid(entry):
                     continue
                 for g in entry_gated_stats(entry):
-                    if g.kind == "errors":
+                    if g.kind == "counts":
                         continue
                     logs = _logs(entry, g)
                     if logs is not None:
@@ -289,7 +292,8 @@ class GateSession:
         for c in tentative.comparisons:
             if c.verdict in (Verdict.UNCHANGED, Verdict.IMPROVED):
                 continue
-            if c.verdict is Verdict.NOT_GATED and c.name in (GOODPUT_KEY, ERROR_RATE_KEY):
+            if c.verdict is Verdict.NOT_GATED and c.name in (GOODPUT_KEY, ERROR_RATE_KEY, INVALID_RATE_KEY,
+                                                             SPEC_ACCEPT_KEY):
                 continue  # gated for every run, but not named by the marker: never worth more trials
             if c.verdict is not Verdict.INCONCLUSIVE:
                 return False
@@ -313,7 +317,7 @@ class GateSession:
             g = stats.get(comp.name)
             if g is None:
                 continue
-            if g.kind == "errors":
+            if g.kind == "counts":
                 run.comparisons[i] = self._errors(key, g, comp, candidate, tolerance)
                 continue
             model = self.model.stats.get((key, comp.name))
@@ -335,19 +339,16 @@ class GateSession:
             self._tracked.append(_Tracked(len(self.runs), i, (key, comp.name), sign, tolerance, logs))
 
     def _errors(self, key: str, g: GatedStat, comp: Comparison, candidate: SavedEntry, tolerance: float) -> Comparison:
-        """The error rate against main's sessions: the count test with both sides' counts divided
-        by the between-session overdispersion φ (quasi-binomial), φ = Pearson χ² / (K − 1) of the
-        baseline sessions' failures around their pooled rate, at least 1. Sessions whose error
-        rate differs more than binomial noise allows (a flaky dependency, a noisy runner) would
-        otherwise make every clean run that lands on a bad day read REGRESSED."""
-        counts = []
-        for entry in self.baseline.get(key, []):
-            summary = entry.get("summary")
-            if summary and "failed" in summary and "requests" in summary and int(summary["requests"]) > 0:
-                counts.append((int(summary["failed"]), int(summary["requests"])))
-        candidate_summary = candidate.get("summary")
-        if len(counts) < 2 or not candidate_summary or "failed" not in candidate_summary \
-                or "requests" not in candidate_summary:
+        """A rate gated as counts (the error rate, the invalid-answer rate) against main's
+        sessions: the count test with both sides' counts divided by the between-session
+        overdispersion φ (quasi-binomial), φ = Pearson χ² / (K − 1) of the baseline sessions'
+        events around their pooled rate, at least 1. Sessions whose rate differs more than
+        binomial noise allows (a flaky dependency, a noisy runner) would otherwise make every clean
+        run that lands on a bad day read REGRESSED."""
+        counts = [pair for pair in (summary_counts(entry, g) for entry in self.baseline.get(key, []))
+                  if pair is not None and pair[1] > 0]
+        candidate_counts = summary_counts(candidate, g)
+        if len(counts) < 2 or candidate_counts is None:
             return comp
         failed = sum(f for f, _ in counts)
         total = sum(n for _, n in counts)
@@ -358,7 +359,7 @@ class GateSession:
         phi = max(1.0, chi2 / (len(counts) - 1))
         if phi <= 1.0:
             return comp
-        kc, nc = int(candidate_summary["failed"]), int(candidate_summary["requests"])
+        kc, nc = candidate_counts
         out = compare_counts(g.key, round(failed / phi), max(1, round(total / phi)), round(kc / phi),
                              max(1, round(nc / phi)), tolerance=tolerance, alpha=self.settings.alpha)
         out = dataclasses.replace(out, baseline_value=rate, candidate_value=kc / nc if nc else math.nan,
@@ -579,7 +580,7 @@ def _last_change(matching: Sequence[tuple[int, SavedEntry]], *, alpha: float) ->
     if len(matching) < 4:
         return 0
     entries = [e for _, e in matching][::-1]  # oldest first
-    stats = [g for g in entry_gated_stats(entries[-1]) if g.kind != "errors"]
+    stats = [g for g in entry_gated_stats(entries[-1]) if g.kind != "counts"]
     last = 0
     for g in stats:
         values = [session_value(e, g.key) for e in entries]
@@ -618,7 +619,7 @@ def _recent_cuts(matching: Mapping[str, Sequence[tuple[int, SavedEntry]]], *, al
         if not rows or is_capacity(rows[0][1]):
             continue
         for g in entry_gated_stats(rows[0][1]):
-            if g.kind == "errors":
+            if g.kind == "counts":
                 continue
             sign = -1.0 if g.higher_is_better else 1.0
             values = {i: session_value(e, g.key) for i, e in rows if _valid(e)}

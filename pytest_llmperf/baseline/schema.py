@@ -19,7 +19,7 @@ embeds; its JSON Schema is ``schemas/llmperf-report.schema.json``.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, TypedDict
 
@@ -118,32 +118,44 @@ def entry_slo(entry: SavedEntry, *, source: str | None = None) -> SLO | None:
 SAMPLE_SERIES = ("ttft_s", "ttfvt_s", "tpot_s", "e2e_s", "good")
 GOODPUT_KEY = "goodput"
 ERROR_RATE_KEY = "error_rate"
+INVALID_RATE_KEY = "invalid_rate"
+SPEC_ACCEPT_KEY = "spec_accept_length"
 TYPE_SEP = ":"
+
+# What a run measured beyond latencies, goodput and errors, which its gated statistics follow.
+MeasuredExtra = Literal["invalid_rate", "spec_accept_length"]
 
 
 @dataclass(frozen=True)
 class GatedStat:
     """One gated statistic. ``kind``: "latency" (a threshold's statistic, failures as +inf),
-    "goodput" (good requests / window) or "errors" (failed / requests, compared as counts)."""
+    "goodput" (good requests / window), "counts" (a rate compared as pooled counts, the summary's
+    ``count_keys`` numerator over denominator: failed / requests, invalid answers / answers
+    checked) or "value" (a per-trial value of the summary, compared on the log scale like
+    goodput: the speculative-decoding accept length)."""
 
-    key: str  # "ttft_p95", "rag:ttft_p95", "goodput" or "error_rate"
-    metric: str | None  # Summary attribute ("ttft_s"); None for goodput and error rate
+    key: str  # "ttft_p95", "rag:ttft_p95", "goodput", "error_rate", "invalid_rate", "spec_accept_length"
+    metric: str | None  # Summary attribute ("ttft_s"); None for the others
     stat: str  # "p95", "mean"... or "rate"
     higher_is_better: bool
     unit: str
     request_type: str | None = None
     kind: str = "latency"
+    count_keys: tuple[str, str] = ("failed", "requests")
 
 
-def gated_stats(slo: SLO | None, type_slos: Sequence[SLO] = ()) -> list[GatedStat]:
+def gated_stats(slo: SLO | None, type_slos: Sequence[SLO] = (), measured: Collection[MeasuredExtra] = ()) -> list[GatedStat]:
     """What the gate compares for a run: every latency threshold of the main SLO, every latency
     threshold of each per-type SLO (``request_type="rag"`` gives ``rag:ttft_p95``, computed per
-    trial from that type's requests), goodput, and the error rate.
+    trial from that type's requests), goodput, and the error rate; and what the run ``measured``
+    beyond those: the invalid-answer rate (constrained answers: tools, response_format), compared
+    as counts like the error rate, and the speculative-decoding accept length (tokens per target
+    step, higher is better).
 
     The error rate is gated always, not only when the SLO names ``error_rate``: a change that
     makes requests fail is a regression of any workload, and censored percentiles see failures
     only once they exceed the percentile's tail (5% for p95). It costs one member of the
-    multiplicity family per run.
+    multiplicity family per run; so does each measured extra.
     """
     out = []
     if slo is not None and not slo.request_type:
@@ -160,7 +172,25 @@ def gated_stats(slo: SLO | None, type_slos: Sequence[SLO] = ()) -> list[GatedSta
                 seen.add(key)
                 out.append(GatedStat(key, f"{t.metric}_s", t.stat, False, "s", request_type=rt))
     out.append(GatedStat(GOODPUT_KEY, None, "rate", True, "req/s", kind="goodput"))
-    out.append(GatedStat(ERROR_RATE_KEY, None, "rate", False, "fraction", kind="errors"))
+    out.append(GatedStat(ERROR_RATE_KEY, None, "rate", False, "fraction", kind="counts"))
+    if "invalid_rate" in measured:
+        out.append(GatedStat(INVALID_RATE_KEY, None, "rate", False, "fraction", kind="counts",
+                             count_keys=("invalid_answers", "answers_checked")))
+    if "spec_accept_length" in measured:
+        out.append(GatedStat(SPEC_ACCEPT_KEY, None, "mean", True, "tok/step", kind="value"))
+    return out
+
+
+def measured_extras(summary: Summary | SummaryDict | None) -> list[MeasuredExtra]:
+    """What a run's summary measured beyond latencies, goodput and errors (see :func:`gated_stats`)."""
+    if summary is None:
+        return []
+    get = summary.get if isinstance(summary, Mapping) else lambda key: getattr(summary, key, None)
+    out: list[MeasuredExtra] = []
+    if get("answers_checked"):
+        out.append("invalid_rate")
+    if get("spec_accept_length") is not None:
+        out.append("spec_accept_length")
     return out
 
 
@@ -170,7 +200,7 @@ def entry_type_slos(entry: SavedEntry) -> list[SLO]:
 
 
 def entry_gated_stats(entry: SavedEntry) -> list[GatedStat]:
-    return gated_stats(entry_slo(entry), entry_type_slos(entry))
+    return gated_stats(entry_slo(entry), entry_type_slos(entry), measured_extras(entry.get("summary")))
 
 
 def trial_value(records: Sequence[RequestRecord], summary: Summary, g: GatedStat) -> float | None:
@@ -180,8 +210,11 @@ def trial_value(records: Sequence[RequestRecord], summary: Summary, g: GatedStat
     gate compares the pooled counts)."""
     if g.kind == "goodput":
         return float(summary.goodput_rps)
-    if g.kind == "errors":
-        return float(summary.error_rate)
+    if g.kind == "counts":
+        return float(getattr(summary, g.key))
+    if g.kind == "value":
+        value = getattr(summary, g.key)
+        return None if value is None else float(value)
     assert g.metric is not None
     value, _, _ = censored_stat(records, g.metric[:-2], g.stat, request_type=g.request_type)
     return None if value is None else float(value)
@@ -200,13 +233,15 @@ def saved_trial(*, index: int, window_s: float, stats: Mapping[str, JsonFloat],
     return entry
 
 
-def trial_entry(trial: TrialResult, slo: SLO | None, type_slos: Sequence[SLO] = ()) -> SavedTrial:
-    """A measured trial as saved (:func:`saved_trial`)."""
+def trial_entry(trial: TrialResult, slo: SLO | None, type_slos: Sequence[SLO] = (),
+                measured: Collection[MeasuredExtra] = ()) -> SavedTrial:
+    """A measured trial as saved (:func:`saved_trial`); ``measured``: what the run measured
+    beyond latencies, goodput and errors (:func:`measured_extras` of its pooled summary)."""
     samples = per_request_samples(trial.records, slo=slo)
     start, end = trial.window_s
     return saved_trial(
         index=trial.index, launch=trial.launch, started_at=trial.started_at, window_s=end - start,
-        stats={g.key: trial_value(trial.records, trial.summary, g) for g in gated_stats(slo, type_slos)},
+        stats={g.key: trial_value(trial.records, trial.summary, g) for g in gated_stats(slo, type_slos, measured)},
         samples={name: pack_samples(np.asarray(samples[name], dtype=float)) for name in SAMPLE_SERIES if name in samples},
         timeslices=trial.timeslices.to_dict() if trial.timeslices is not None else None,
     )
@@ -266,7 +301,7 @@ def run_entry(result: RunResult, fingerprint: Fingerprint, type_slos: Sequence[S
         cache_check=result.cache_check.to_dict() if result.cache_check is not None else None,
         telemetry=[t.telemetry.to_dict() if t.telemetry is not None else None for t in result.trials],
         gpu=[t.gpu.to_dict() if t.gpu is not None else None for t in result.trials],
-        trials=[trial_entry(t, result.slo, typed) for t in result.trials],
+        trials=[trial_entry(t, result.slo, typed, measured_extras(result.summary)) for t in result.trials],
     )
 
 
@@ -291,7 +326,8 @@ def capacity_entry(result: CapacityResult, fingerprint: Fingerprint, label: str,
             "capacity": result.to_dict()}
 
 
-__all__ = ["ERROR_RATE_KEY", "GOODPUT_KEY", "TYPE_SEP", "entry_gated_stats", "entry_type_slos", "SAMPLE_SERIES",
+__all__ = ["ERROR_RATE_KEY", "GOODPUT_KEY", "INVALID_RATE_KEY", "SPEC_ACCEPT_KEY", "TYPE_SEP", "MeasuredExtra",
+           "measured_extras", "entry_gated_stats", "entry_type_slos", "SAMPLE_SERIES",
            "GatedStat", "LaunchRecord", "SavedEntry", "SavedSession", "SavedTrial", "capacity_entry",
            "entry_slo", "fingerprint_for", "gated_stats", "is_capacity", "run_entry", "saved_entry", "saved_trial",
            "session_document", "trial_entry", "trial_value"]

@@ -159,6 +159,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         for c in checks:
             print(("PASS " if c.passed else "FAIL ") + c.message)
         failed = not all(c.passed for c in checks)
+    for problem in result.kind_problems:
+        print(f"FAIL request kind not served: {problem}")
+        failed = True
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         with args.json.open("w", encoding="utf-8") as fh:

@@ -10,6 +10,13 @@ against the error rate, goodput and every latency percentile like any other fail
 - Rerank (``/v1/rerank``): ``results`` (or a bare list, as TEI answers) holds
   ``min(top_n, documents)`` entries, each a distinct document ``index`` in range with a numeric
   ``relevance_score`` (or ``score``).
+- Constrained chat answers (:func:`check_constrained`) are not failures when they miss: the server
+  answered, and the miss is counted apart, as an *invalid answer* (kind and reason on the
+  record), which the invalid-answer rate and goodput count. With ``tools``: every call names one
+  of the offered functions (the forced one, for a named ``tool_choice``) and its arguments parse
+  as JSON and validate against that function's ``parameters``; no call at all is invalid when
+  ``tool_choice`` is ``required`` or names a function. With ``response_format``: the answer's
+  text parses as JSON (an object, for ``json_object``) and validates against the schema.
 - Chat with images: the server's ``usage.prompt_tokens`` minus the text's own count (the prompt
   as built, ``prompt_tokens_expected``) must reach one token per image beyond the separators that
   splitting the text into ``t`` parts may add (``t - 1``). A vision model adds tens of tokens per
@@ -18,6 +25,8 @@ against the error rate, goodput and every latency percentile like any other fail
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -107,6 +116,61 @@ def ignored_images(request: PreparedRequest, prompt_tokens: int | None) -> str |
             "that drops image parts)")
 
 
+def check_constrained(request: PreparedRequest, text: str, calls: list[dict[str, str]]) -> tuple[str, str] | None:
+    """None for a valid constrained answer, else (kind, why): ``no_call``, ``unknown_function``,
+    ``bad_arguments``, ``not_json`` or ``schema``."""
+    tools = request.tools
+    if tools is not None:
+        forced = tools.forced
+        if not calls:
+            if forced is None:
+                return None  # tool_choice auto (or none): a plain answer is an answer
+            want = "a call" if forced == "*" else f"a call to {forced}"
+            return "no_call", f"no tool call in the answer; tool_choice {tools.choice!r} asks for {want}"
+        for call in calls:
+            name = call.get("name", "")
+            parameters = tools.parameters(name)
+            if parameters is None:
+                return "unknown_function", f"a call to {name!r}, which is not one of the tools offered"
+            if forced not in (None, "*") and name != forced:
+                return "unknown_function", f"a call to {name!r}; tool_choice forces {forced!r}"
+            why = _validate(call.get("arguments", ""), parameters, f"the arguments of {name}")
+            if why is not None:
+                return "bad_arguments", why
+        return None
+    response_format = request.response_format
+    if response_format is None:
+        return None
+    schema = response_format.schema if response_format.type == "json_schema" else {"type": "object"}
+    why = _validate(text, schema or {"type": "object"}, "the answer")
+    if why is None:
+        return None
+    return ("not_json" if "is not JSON" in why else "schema"), why
+
+
+def _validate(text: str, schema: Any, what: str) -> str | None:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return f"{what} is not JSON ({exc.msg} at character {exc.pos}): {_short(text)}"
+    from jsonschema.exceptions import best_match
+
+    error = best_match(_validator(json.dumps(schema, sort_keys=True)).iter_errors(value))
+    if error is None:
+        return None
+    where = "/".join(str(p) for p in error.absolute_path) or "(root)"
+    return f"{what} {'do' if what.startswith('the arguments') else 'does'} not match the schema at {where}: " \
+           f"{error.message}"
+
+
+@functools.lru_cache(maxsize=256)
+def _validator(schema_json: str) -> Any:
+    """A compiled validator per schema (a workload's schemas are few; its answers are many)."""
+    import jsonschema
+
+    return jsonschema.Draft202012Validator(json.loads(schema_json))
+
+
 def _text_parts(request: PreparedRequest) -> int:
     if request.image_position == "interleaved":
         return len(request.images) + 1
@@ -124,4 +188,4 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-__all__ = ["WrongAnswer", "check_embeddings", "check_rerank", "ignored_images"]
+__all__ = ["WrongAnswer", "check_constrained", "check_embeddings", "check_rerank", "ignored_images"]

@@ -142,6 +142,11 @@ class DatasetTraffic:
         request = self.factory.finish(index, phase, prompt, self.prompt_tokens[i], out, "dataset", history=history)
         if refs and self.workload.api == "chat":
             request.images = tuple(self._image(ref) for ref in refs)
+        if self.workload.api == "chat" and (row.tools is not None or row.response_format is not None):
+            # The row's own constraint; its answer ends where the call or object does.
+            request.tools, request.response_format = row.tools, row.response_format
+            request.ignore_eos, request.min_tokens, request.output_length_fixed = False, None, False
+            request.extra_body = dict(self.factory.extra_body)
         return request
 
     def _image(self, ref: str) -> ImagePart:

@@ -156,7 +156,9 @@ def new_record(request: PreparedRequest, phase: str, scheduled_s: float) -> Requ
         output_length_fixed=request.output_length_fixed,
         prompt_tokens_expected=request.prompt_tokens_expected,
         session=request.session, turn=request.turn,
-        response_text=[] if request.keep_text else None,
+        # A constrained answer is checked whole at the end, so its text is kept too.
+        response_text=[] if request.keep_text or request.tools is not None or request.response_format is not None
+        else None,
         images=len(request.images), image_pixels=sum(p.width * p.height for p in request.images),
         inputs=request.input_count,
     )

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -58,7 +59,7 @@ class ConversationLoad:
         w = self.workload
         rng = np.random.default_rng([w.seed, sid, 41])
         turns = self.spec.draw_turns(rng)
-        history: list[dict[str, str]] = []
+        history: list[dict[str, object]] = []
         model = self.factory.model
         for turn in range(turns):
             input_tokens = int(w.input_tokens.sample(rng, 1)[0])
@@ -67,6 +68,9 @@ class ConversationLoad:
                 words = model.words_for(input_tokens)
                 text = self.factory._salt(sid) + " " + self._words(rng, words - SALT_WORDS)
                 expected: int | None = input_tokens
+            elif history and history[-1].get("role") == "tool":
+                text = ""  # the agentic loop: the model continues from the tool results, no user turn
+                expected = None
             else:
                 follow = self.spec.followup_tokens or input_tokens
                 text = self._words(rng, int(round(follow / model.slope)))
@@ -91,10 +95,33 @@ class ConversationLoad:
                 record.end_s = self.clock()
             if not record.ok:
                 return
-            history.append({"role": "user", "content": text})
-            history.append({"role": "assistant", "content": "".join(record.response_text or ())})
+            if text:
+                history.append({"role": "user", "content": text})
+            answer = "".join(record.response_text or ())
+            if record.tool_calls:
+                history.extend(self._tool_turn(sid, turn, answer, record.tool_calls, rng))
+            else:
+                history.append({"role": "assistant", "content": answer})
             if turn + 1 < turns:
                 await asyncio.sleep(self.spec.draw_think(rng))
+
+    def _tool_turn(self, sid: int, turn: int, answer: str, calls: list[dict[str, str]],
+                   rng: np.random.Generator) -> list[dict[str, object]]:
+        """The assistant's calls as the next request sends them back, each followed by its result
+        (``followup_tokens`` words, else the workload's input length, as a JSON object): the
+        agentic loop of a tool-using client."""
+        ids = [call.get("id") or f"call_{sid}_{turn}_{k}" for k, call in enumerate(calls)]
+        out: list[dict[str, object]] = [{
+            "role": "assistant", "content": answer or None,
+            "tool_calls": [{"id": i, "type": "function",
+                            "function": {"name": c.get("name", ""), "arguments": c.get("arguments", "")}}
+                           for i, c in zip(ids, calls)],
+        }]
+        tokens = self.spec.followup_tokens or int(self.workload.input_tokens.expected)
+        for call_id in ids:
+            result = self._words(rng, int(round(tokens / self.factory.model.slope)))
+            out.append({"role": "tool", "tool_call_id": call_id, "content": json.dumps({"result": result})})
+        return out
 
     def _phase(self, sid: int, offset_s: float) -> str:
         w = self.workload

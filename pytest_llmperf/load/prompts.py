@@ -384,16 +384,21 @@ class PromptFactory:
             return PreparedRequest(index=index, prompt=prompt, max_tokens=0, api=self.workload.api,
                                    request_type=request_type, phase=phase, prompt_tokens_expected=input_tokens,
                                    ignore_eos=False, sampling=dict(self.workload.sampling))
-        sampling = dict(self.workload.sampling)
-        if "seed" not in sampling and self.workload.sampling.get("temperature", 0) not in (0, None):
-            sampling["seed"] = int(self.workload.seed * 1_000_003 + index) % (2**31)
-        ignore_eos = self.workload.ignore_eos and self.send_ignore_eos
+        w = self.workload
+        sampling = dict(w.sampling)
+        if "seed" not in sampling and w.sampling.get("temperature", 0) not in (0, None):
+            sampling["seed"] = int(w.seed * 1_000_003 + index) % (2**31)
+        # A constrained answer ends where its call or object is complete (a grammar then admits
+        # only EOS): its length cannot be fixed, output_tokens only caps it.
+        fixed = w.ignore_eos and not w.constrained
+        ignore_eos = fixed and self.send_ignore_eos
         extra_body = dict(self.extra_body)
-        if self.length_fields is not None:
-            fields = self.length_fields(output_tokens, self.workload.ignore_eos, output_tokens if self.workload.ignore_eos else None)
+        if self.length_fields is not None and fixed:
+            fields = self.length_fields(output_tokens, True, output_tokens)
             fields.pop("max_tokens", None)
             extra_body.update(fields)
             ignore_eos = False
+        model = request_type if w.adapters is not None and request_type in w.adapters.names else None
         return PreparedRequest(
             index=index,
             prompt=prompt,
@@ -406,11 +411,14 @@ class PromptFactory:
             min_tokens=output_tokens if ignore_eos else None,
             sampling=sampling,
             extra_body=extra_body,
-            output_length_fixed=self.workload.ignore_eos,
+            output_length_fixed=fixed,
             history=history,
             keep_text=keep_text,
             session=session,
             turn=turn,
+            tools=w.tools,
+            response_format=w.response_format,
+            model=model,
         )
 
 

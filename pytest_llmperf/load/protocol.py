@@ -49,7 +49,13 @@ from urllib.parse import urlsplit
 
 from pytest_llmperf.errors import InputError, LLMPerfError
 from pytest_llmperf.kinds import APIS, PATHS, streams
-from pytest_llmperf.load.answers import WrongAnswer, check_embeddings, check_rerank, ignored_images
+from pytest_llmperf.load.answers import (
+    WrongAnswer,
+    check_constrained,
+    check_embeddings,
+    check_rerank,
+    ignored_images,
+)
 from pytest_llmperf.load.sse import SSEEvent, SSEParser, SSEProtocolError, excerpt
 from pytest_llmperf.traffic.images import interleave
 
@@ -99,8 +105,8 @@ def build_body(req: PreparedRequest, model: str | None) -> dict[str, object]:
     ``model=None`` omits the ``model`` field (servers serving one model accept that).
     """
     body: dict[str, object] = {}
-    if model is not None:
-        body["model"] = model
+    if req.model is not None or model is not None:
+        body["model"] = req.model if req.model is not None else model
     if req.api == "embeddings":
         body["input"] = list(req.inputs) if req.inputs is not None else req.prompt
         body["encoding_format"] = "float"
@@ -116,7 +122,12 @@ def build_body(req: PreparedRequest, model: str | None) -> dict[str, object]:
         body.update(req.extra_body)
         return body
     if req.api == "chat":
-        body["messages"] = [*(req.history or ()), {"role": "user", "content": chat_content(req)}]
+        body["messages"] = [*(req.history or ()), *_user_turn(req)]
+        if req.tools is not None:
+            body["tools"] = [dict(d) for d in req.tools.definitions]
+            body["tool_choice"] = req.tools.tool_choice()
+        if req.response_format is not None:
+            body["response_format"] = req.response_format.body()
     elif req.api == "completions":
         body["prompt"] = req.prompt
     else:
@@ -131,6 +142,15 @@ def build_body(req: PreparedRequest, model: str | None) -> dict[str, object]:
     body.update(req.sampling)
     body.update(req.extra_body)
     return body
+
+
+def _user_turn(req: PreparedRequest) -> list[dict[str, object]]:
+    """The request's own message: the user's prompt, or none when the prompt is empty and the
+    history ends with tool results (an agentic turn: the model continues from them)."""
+    history = req.history or ()
+    if not req.prompt and not req.images and history and history[-1].get("role") == "tool":
+        return []
+    return [{"role": "user", "content": chat_content(req)}]
 
 
 def chat_content(req: PreparedRequest) -> str | list[dict[str, object]]:
@@ -197,7 +217,7 @@ class ResponseReader:
     """
 
     __slots__ = ("record", "request", "chat", "origin_s", "api_key", "sse", "mode", "content_type", "decoder",
-                 "kept", "chunk_cum", "cum", "usage", "done", "finished", "last_event_s")
+                 "kept", "chunk_cum", "cum", "usage", "done", "finished", "last_event_s", "calls", "timings")
 
     def __init__(self, record: RequestRecord, request: PreparedRequest, *, origin_s: float,
                  api_key: str | None) -> None:
@@ -219,6 +239,10 @@ class ResponseReader:
         self.done = False  # [DONE] seen: later bytes are only drained, so the connection can be reused
         self.finished = False  # a finish_reason seen
         self.last_event_s: float | None = None
+        # Streamed tool calls by index: {id, name, arguments}, the arguments as concatenated deltas.
+        self.calls: dict[int, dict[str, str]] | None = None
+        # llama.cpp's per-request timings (draft counts of speculative decoding), when sent.
+        self.timings: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ the transport's calls
 
@@ -328,12 +352,25 @@ class ResponseReader:
         a chat answer whose prompt count shows its images were not read (:func:`ignored_images`)."""
         self._settle_tokens()
         record = self.record
-        if record.ok and self.request.images:
-            why = ignored_images(self.request, record.prompt_tokens)
+        request = self.request
+        timings = self.timings
+        if timings is not None:
+            record.draft_tokens = _as_int(timings.get("draft_n"))
+            record.draft_accepted = _as_int(timings.get("draft_n_accepted"))
+        if self.calls is not None and record.response_text is not None:
+            record.tool_calls = [self.calls[k] for k in sorted(self.calls)]
+        if record.ok and request.images:
+            why = ignored_images(request, record.prompt_tokens)
             if why is not None:
                 record.ok = False
                 record.error_kind = "wrong_answer"
                 record.error_detail = why
+        if record.ok and (request.tools is not None or request.response_format is not None):
+            calls = [self.calls[k] for k in sorted(self.calls)] if self.calls else []
+            verdict = check_constrained(request, "".join(record.response_text or ()), calls)
+            record.answer_valid = verdict is None
+            if verdict is not None:
+                record.answer_invalid, record.answer_error = verdict
 
     def _settle_tokens(self) -> None:
         record = self.record
@@ -443,22 +480,30 @@ class ResponseReader:
         if not choices:
             return False
         choice = choices[0]
+        timings = obj.get("timings")
+        if timings is not None and type(timings) is dict:
+            self.timings = timings
+        calls = None
         if self.chat:
             delta = choice.get("delta")
             if delta:
                 text = delta.get("content")
                 reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+                calls = delta.get("tool_calls")
+                if calls:
+                    self._call_deltas(calls)
             else:
                 text = reasoning = None
         else:
             text = choice.get("text")
             reasoning = None
-        if text or reasoning:
+        if text or reasoning or calls:
             record.chunk_times_s.append(t)
             self.chunk_cum.append(self.cum if usage else None)
             if record.first_token_s is None:
                 record.first_token_s = t
-            if text and record.first_visible_s is None:
+            # A tool call is the answer the user's program sees: its first delta is visible output.
+            if (text or calls) and record.first_visible_s is None:
                 record.first_visible_s = t
             if text and record.response_text is not None:
                 record.response_text.append(text)
@@ -470,6 +515,24 @@ class ResponseReader:
         if choice.get("finish_reason"):
             self.finished = True
         return False
+
+    def _call_deltas(self, deltas: list[Any]) -> None:
+        """Accumulate streamed tool-call deltas: the first for an index carries its id and
+        function name, every one a piece of the arguments' JSON text."""
+        if self.calls is None:
+            self.calls = {}
+        for delta in deltas:
+            index = delta.get("index", 0)
+            call = self.calls.get(index)
+            if call is None:
+                call = self.calls[index] = {"id": "", "name": "", "arguments": ""}
+            if delta.get("id"):
+                call["id"] = str(delta["id"])
+            function = delta.get("function") or {}
+            if function.get("name"):
+                call["name"] += str(function["name"])
+            if function.get("arguments"):
+                call["arguments"] += str(function["arguments"])
 
     def _error_event(self, obj: dict[str, Any]) -> StreamFailure:
         err = obj.get("error")

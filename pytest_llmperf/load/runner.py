@@ -25,6 +25,7 @@ import numpy as np
 from pytest_llmperf.cache_check import verify as verify_cache
 from pytest_llmperf.cache_check import verify_conversation, verify_hit_rate
 from pytest_llmperf.errors import LLMPerfError
+from pytest_llmperf.kind_check import kind_problems
 from pytest_llmperf.load.backends import BackendRun, TrialLoad, choose_backend, ray_address_for
 from pytest_llmperf.load.client import StreamingClient
 from pytest_llmperf.load.file_requests import DatasetTraffic, TraceTraffic, load_dataset
@@ -53,6 +54,7 @@ from pytest_llmperf.results import (
     pooled_summary,
     with_gpu,
     with_invalid_reasons,
+    with_spec_counters,
 )
 from pytest_llmperf.telemetry import GpuSampler, ServerTelemetry, TelemetrySampler
 from pytest_llmperf.timeslices import GaugeSample, compute_timeslices
@@ -143,6 +145,7 @@ class Runner:
             slo=slo,
             label=workload.label(),
             cache_check=self._cache_check(workload, results, token_model),
+            kind_problems=kind_problems(workload, [r for t in results for r in t.records]),
         )
 
     @staticmethod
@@ -296,6 +299,7 @@ class Runner:
         summary = summarize(outcome.records, slo=slo, window_s=outcome.window_s,
                             loop_lag_p99_s=outcome.loop_lag_p99_s)
         summary = with_gpu(summary, gpu, generated_tokens(outcome.records), self.config.throttle)
+        summary = with_spec_counters(summary, [server])
         invalid = list(distributed.reasons) if distributed is not None else []
         summary = with_invalid_reasons(summary, invalid)
         expected = run.expected_prompt_tokens

@@ -412,6 +412,8 @@ class LLMPerf:
         lines.extend(self._invalid_runs())
         lines.extend(self.gate_errors)
         lines.extend(self.cache_failures)
+        lines.extend(f"request kind not served in {r.label}: {problem}" for r in self.results
+                     for problem in r.kind_problems)
         if strict and self.notes:
             lines.extend(f"{note} (--llmperf-strict)" for note in self.notes)
         if lines:

@@ -33,6 +33,10 @@ COUNTERS = (
     "preemptions",
     "prompt_tokens",
     "generation_tokens",
+    # Speculative decoding: verification steps that had drafts, tokens drafted, tokens accepted.
+    "spec_drafts",
+    "spec_draft_tokens",
+    "spec_accepted_tokens",
 )
 VOCABULARY = GAUGES + COUNTERS
 
@@ -75,6 +79,9 @@ ENGINES: tuple[EngineMetrics, ...] = (
             "preemptions": ("vllm:num_preemptions",),
             "prompt_tokens": ("vllm:prompt_tokens",),
             "generation_tokens": ("vllm:generation_tokens",),
+            "spec_drafts": ("vllm:spec_decode_num_drafts",),
+            "spec_draft_tokens": ("vllm:spec_decode_num_draft_tokens",),
+            "spec_accepted_tokens": ("vllm:spec_decode_num_accepted_tokens",),
         },
     ),
     EngineMetrics(

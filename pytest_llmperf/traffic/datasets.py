@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from pytest_llmperf.errors import InputError
+from pytest_llmperf.traffic.structured import ResponseFormatSpec, ToolSpec
 
 DATASET_FORMATS = ("auto", "sharegpt", "jsonl", "parquet", "arrow")
 
@@ -115,6 +116,10 @@ class DatasetRow:
     output_text: str | None = None
     # Images sent before the prompt: absolute file paths, or http(s)/data URLs.
     images: tuple[str, ...] = ()
+    # The row's own constrained answer (OpenAI ``tools``/``tool_choice`` or ``response_format``
+    # columns), which replaces the workload's.
+    tools: ToolSpec | None = None
+    response_format: ResponseFormatSpec | None = None
 
     @property
     def text(self) -> str:
@@ -190,12 +195,12 @@ def _row(spec: DatasetSpec, row: int, obj: Any) -> DatasetRow:
     if not isinstance(obj, Mapping):
         raise DatasetError(f"{_where(spec, row)}: expected an object with 'prompt' or 'messages'")
     out = _output_tokens(spec, row, obj.get("output_tokens"))
-    images = _images(spec, row, obj.get("images"))
+    extra = {"images": _images(spec, row, obj.get("images")), **_constrained(spec, row, obj)}
     prompt = obj.get("prompt")
     if prompt is not None:
         if not isinstance(prompt, str) or not prompt.strip():
             raise DatasetError(f"{_where(spec, row)}: field 'prompt': expected a non-empty string")
-        return DatasetRow(row, prompt=prompt, output_tokens=out, images=images)
+        return DatasetRow(row, prompt=prompt, output_tokens=out, **extra)
     messages = obj.get("messages")
     if messages is None:
         raise DatasetError(f"{_where(spec, row)}: missing field 'prompt' (or 'messages')")
@@ -206,7 +211,24 @@ def _row(spec: DatasetSpec, row: int, obj: Any) -> DatasetRow:
             for m in messages):
         raise DatasetError(f"{_where(spec, row)}: field 'messages': expected a non-empty list of "
                            "{role, content} objects (content a string or a list of text and image_url parts)")
-    return DatasetRow(row, messages=tuple(dict(m) for m in messages), output_tokens=out, images=images)
+    return DatasetRow(row, messages=tuple(dict(m) for m in messages), output_tokens=out, **extra)
+
+
+def _constrained(spec: DatasetSpec, row: int, obj: Mapping[str, Any]) -> dict[str, Any]:
+    """A row's ``tools`` (with ``tool_choice``) or ``response_format`` columns, checked as the
+    workload's fields are."""
+    out: dict[str, Any] = {}
+    try:
+        if obj.get("tools") is not None:
+            choice = obj.get("tool_choice", "auto")
+            if isinstance(choice, Mapping):  # {type: function, function: {name}}: the forced name
+                choice = (choice.get("function") or {}).get("name")
+            out["tools"] = ToolSpec.parse({"definitions": obj["tools"], "choice": choice}, "field 'tools'")
+        if obj.get("response_format") is not None:
+            out["response_format"] = ResponseFormatSpec.parse(obj["response_format"], "field 'response_format'")
+    except InputError as exc:
+        raise DatasetError(f"{_where(spec, row)}: {exc}") from None
+    return out
 
 
 def _sharegpt(spec: DatasetSpec) -> list[DatasetRow]:
@@ -311,6 +333,9 @@ def digest(spec: DatasetSpec) -> str:
         fields: list[object] = [row.prompt, row.messages, row.output_tokens, row.output_text]
         if row.images:  # appended only when present: a text dataset's digest is what it was
             fields.append([ref if is_url(ref) else _file_digest(ref) for ref in row.images])
+        if row.tools is not None or row.response_format is not None:
+            fields.append([row.tools.to_spec() if row.tools else None,
+                           row.response_format.to_spec() if row.response_format else None])
         out.update(json.dumps(fields, sort_keys=True, default=str).encode())
         out.update(b"\n")
     return out.hexdigest()
