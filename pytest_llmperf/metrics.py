@@ -161,6 +161,7 @@ class SummaryDict(_SummaryDictBase, total=False):
     draft_accepted_total: int
     spec_acceptance_rate: float | None
     spec_accept_length: float | None
+    adapter_switch_ttft_s: DistributionDict
 
 
 # The keys of a summary's latency distributions (``Summary.ttft_s``...).
@@ -315,6 +316,9 @@ class Summary:
       ``spec_accept_length = Σ output tokens / Σ (output tokens − accepted)``: tokens per
       target-model step (each step emits the accepted drafts plus one token of its own). None
       without counts (the runner may fill both from the server's counters instead).
+    - ``adapter_switch_ttft_s``: TTFT of the successful requests that named another LoRA adapter
+      than the request sent just before them (in send order): where a server with fewer adapter
+      slots than adapters loads one, its cost lands here; empty without adapters.
     - ``goodput_rps = good_requests / window_s``; a request is good when it succeeded and met every
       per-request threshold of the SLO (:meth:`SLO.is_good`); with no SLO every success is good.
     - ``attainment = good_requests / requests`` (failed and cancelled stay in the denominator).
@@ -365,6 +369,7 @@ class Summary:
     draft_accepted_total: int = 0
     spec_acceptance_rate: float | None = None
     spec_accept_length: float | None = None
+    adapter_switch_ttft_s: Distribution = field(default_factory=Distribution)
 
     def distribution(self, metric: str) -> Distribution:
         """The distribution of ``metric`` (``ttft``, ``ttfvt``, ``tpot``, ``itl``, ``e2e``)."""
@@ -393,6 +398,7 @@ class Summary:
             "invalid_rate": self.invalid_rate, "invalid_by_kind": dict(self.invalid_by_kind),
             "draft_tokens_total": self.draft_tokens_total, "draft_accepted_total": self.draft_accepted_total,
             "spec_acceptance_rate": self.spec_acceptance_rate, "spec_accept_length": self.spec_accept_length,
+            "adapter_switch_ttft_s": self.adapter_switch_ttft_s.to_dict(),
         }
 
     @classmethod
@@ -404,7 +410,8 @@ class Summary:
                     "inputs_per_s": data.get("request_throughput_rps", 0.0), "images_total": 0,
                     "image_pixels_total": 0, "answers_checked": 0, "invalid_answers": 0, "invalid_rate": 0.0,
                     "invalid_by_kind": {}, "draft_tokens_total": 0, "draft_accepted_total": 0,
-                    "spec_acceptance_rate": None, "spec_accept_length": None, **data}
+                    "spec_acceptance_rate": None, "spec_accept_length": None,
+                    "adapter_switch_ttft_s": Distribution().to_dict(), **data}
         _check_keys(cls, data, "Summary")
         return cls(
             requests=int(data["requests"]), completed=int(data["completed"]), failed=int(data["failed"]),
@@ -433,6 +440,7 @@ class Summary:
             draft_tokens_total=int(data["draft_tokens_total"]), draft_accepted_total=int(data["draft_accepted_total"]),
             spec_acceptance_rate=_opt_float(data["spec_acceptance_rate"]),
             spec_accept_length=_opt_float(data["spec_accept_length"]),
+            adapter_switch_ttft_s=Distribution.from_dict(data["adapter_switch_ttft_s"]),
         )
 
 
@@ -596,6 +604,15 @@ def _is_good(record: RequestRecord, slo: GoodnessRule | None) -> bool:
     if slo is None:
         return record.ok and record.answer_valid is not False
     return slo.is_good(record)
+
+
+def adapter_switches(records: Sequence[RequestRecord]) -> list[RequestRecord]:
+    """The records that named another LoRA adapter than the one sent just before them (send
+    order); empty when no record names an adapter."""
+    if not any(r.adapter is not None for r in records):
+        return []
+    ordered = sorted(records, key=lambda r: (r.sent_s, r.index))
+    return [r for prev, r in zip(ordered, ordered[1:]) if r.adapter != prev.adapter]
 
 
 def spec_decoding(records: Sequence[RequestRecord]) -> tuple[int, int, float | None, float | None]:
@@ -933,4 +950,5 @@ def _summarize(
         draft_accepted_total=spec[1],
         spec_acceptance_rate=spec[2],
         spec_accept_length=spec[3],
+        adapter_switch_ttft_s=dist(r.ttft_s for r in adapter_switches(measured) if r.ok),
     )

@@ -92,6 +92,8 @@ class RequestRecord:
     # tokens the draft model proposed and how many of them the target model accepted.
     draft_tokens: int | None = None
     draft_accepted: int | None = None
+    # The LoRA adapter the request named in its model field (None: the served model itself).
+    adapter: str | None = None
 
     @property
     def dispatch_lag_s(self) -> float:

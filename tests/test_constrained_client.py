@@ -275,3 +275,16 @@ def test_a_server_that_ignores_the_kind_is_named():
                for i in range(3)]
     (line,) = kind_problems(emb, refused)
     assert "served no embeddings request: all 3 failed (HTTP 404: Not Found)" in line and "--embeddings" in line
+
+
+def test_ttft_after_an_adapter_switch():
+    records = []
+    for i, adapter in enumerate(["a", "a", "b", "b", "a"]):
+        records.append(RequestRecord(index=i, scheduled_s=i, sent_s=i, first_token_s=i + (0.5 if i in (2, 4) else 0.1),
+                                     end_s=i + 0.9, ok=True, output_tokens=4, adapter=adapter, request_type=adapter))
+    summary = summarize(records, window_s=(0.0, 5.0))
+    assert summary.adapter_switch_ttft_s.count == 2 and summary.adapter_switch_ttft_s.p50 == pytest.approx(0.5)
+    assert summarize(records[:2], window_s=(0.0, 2.0)).adapter_switch_ttft_s.count == 0
+    from pytest_llmperf.report.terminal import kind_line
+
+    assert "TTFT after an adapter switch p50 500" in kind_line(summary)

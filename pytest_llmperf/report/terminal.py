@@ -56,8 +56,9 @@ def summary_text(summary: Summary, title: str | None = None) -> str:
 
 
 def kind_line(summary: Summary) -> str | None:
-    """What the requests carried beyond one text prompt: inputs (embedding inputs, rerank
-    documents) and images, per successful request and per second; None for plain text."""
+    """What the requests carried beyond one text prompt and what their answers showed: inputs
+    (embedding inputs, rerank documents) and images per successful request, invalid constrained
+    answers, speculative decoding, TTFT after an adapter switch; None for plain text."""
     ok = summary.completed
     parts = []
     if ok and summary.inputs_total != ok:
@@ -65,6 +66,17 @@ def kind_line(summary: Summary) -> str | None:
     if ok and summary.images_total:
         mp = summary.image_pixels_total / summary.images_total / 1e6
         parts.append(f"images {summary.images_total / ok:.3g}/request, {mp:.3g} MP each on average")
+    if summary.answers_checked:
+        kinds = ", ".join(f"{k} {v}" for k, v in summary.invalid_by_kind.items())
+        parts.append(f"invalid answers {summary.invalid_answers} of {summary.answers_checked} "
+                     f"({summary.invalid_rate:.1%}{': ' + kinds if kinds else ''})")
+    if summary.spec_accept_length is not None:
+        rate = f"acceptance {summary.spec_acceptance_rate:.0%}, " if summary.spec_acceptance_rate is not None else ""
+        parts.append(f"speculative decoding {rate}{summary.spec_accept_length:.2f} tokens/step")
+    switch = summary.adapter_switch_ttft_s
+    if switch.count:
+        parts.append(f"TTFT after an adapter switch p50 {fmt_s(switch.p50)} ({switch.count} switches; "
+                     f"all requests p50 {fmt_s(summary.ttft_s.p50)})")
     return "; ".join(parts) or None
 
 
