@@ -54,6 +54,10 @@ def no_modules(_name: str) -> bool:
     return False
 
 
+# An environment with nothing installed by the project's scripts (an empty cache).
+NO_INSTALLS = {"LLMPERF_CACHE": "/nonexistent/llmperf-cache"}
+
+
 def gone(pid: int) -> bool:
     """True when the process no longer exists or is only a zombie (PID 1 may not reap)."""
     try:
@@ -198,7 +202,7 @@ def test_llamacpp_prefers_llama_server(tmp_path: Path):
         which=fake_which("llama-server"), module_available=lambda m: True,
     )
     assert spec.command == [
-        "llama-server", "-m", str(gguf), "--host", "127.0.0.1", "--port", "8081", "--metrics", "-c", "2048",
+        "/opt/bin/llama-server", "-m", str(gguf), "--host", "127.0.0.1", "--port", "8081", "--metrics", "-c", "2048",
     ]
     assert spec.preset.variant == "llama-server"
     assert spec.health_url == "http://127.0.0.1:8081/health"
@@ -209,7 +213,7 @@ def test_llamacpp_falls_back_to_llama_cpp_python(tmp_path: Path):
     gguf.write_bytes(b"GGUF")
     spec = build_launch(
         "llamacpp", model=str(gguf), host="127.0.0.1", port=8082, extra_args=[],
-        which=fake_which(), module_available=lambda m: m == "llama_cpp",
+        which=fake_which(), module_available=lambda m: m == "llama_cpp", environ=NO_INSTALLS,
     )
     assert spec.command == [
         PY, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1", "--port", "8082",
@@ -376,11 +380,11 @@ def test_a_model_path_that_does_not_exist_is_refused_before_launch(preset, tmp_p
     # refused before looking for the engine: none is installed here
     with pytest.raises(PresetError, match=f"model path '{missing}' does not exist"):
         build_launch(preset, model=missing, host="127.0.0.1", port=8000, extra_args=None, which=fake_which(),
-                     module_available=no_modules, environ={})
+                     module_available=no_modules, environ=NO_INSTALLS)
     # a hub id is not a path
     with pytest.raises(EngineNotFound):
         build_launch(preset, model="org/name", host="127.0.0.1", port=8000, extra_args=None,
-                     which=fake_which(), module_available=no_modules, environ={})
+                     which=fake_which(), module_available=no_modules, environ=NO_INSTALLS)
 
 
 def test_failed_start_ends_with_what_to_check(tmp_path):
@@ -403,13 +407,13 @@ def test_failed_start_ends_with_what_to_check(tmp_path):
         ("vllm", "command not found: 'vllm'", "pip install vllm"),
         ("sglang", "'sglang.launch_server' is not importable", 'pip install "sglang[all]"'),
         ("tgi", "command not found: 'text-generation-launcher'", "text-generation-inference/installation"),
-        ("llamacpp", "neither 'llama-server' on PATH nor the Python package llama_cpp", "build llama.cpp"),
+        ("llamacpp", "llama-server not found (looked at $LLMPERF_LLAMA_SERVER, PATH and", "build llama.cpp"),
         ("ollama", "command not found: 'ollama'", "https://ollama.com/install.sh"),
     ],
 )
 def test_missing_engine_error_says_what_and_how_to_install(name, looked_for, hint):
     with pytest.raises(EngineNotFound) as info:
-        resolve_executable(PRESETS[name], which=fake_which(), module_available=no_modules)
+        resolve_executable(PRESETS[name], which=fake_which(), module_available=no_modules, environ=NO_INSTALLS)
     message = str(info.value)
     assert f"server preset {name!r} cannot start" in message
     assert looked_for in message
@@ -419,7 +423,8 @@ def test_missing_engine_error_says_what_and_how_to_install(name, looked_for, hin
 
 def test_missing_engine_raised_by_build_launch_too():
     with pytest.raises(EngineNotFound, match="pip install vllm"):
-        build_launch("vllm", model="m", host="127.0.0.1", port=8000, extra_args=None, which=fake_which())
+        build_launch("vllm", model="m", host="127.0.0.1", port=8000, extra_args=None, which=fake_which(),
+                     environ=NO_INSTALLS)
 
 
 # --- presets: output-length fields ---------------------------------------------------------------
@@ -761,3 +766,21 @@ def test_server_process_argument_errors(tmp_path: Path):
     with pytest.raises(ValueError, match="startup_timeout_s must be > 0"):
         ServerProcess([PY], health_url="http://x/", models_url=None, log_path=tmp_path / "x.log",
                       startup_timeout_s=0)
+
+
+def test_engines_the_install_scripts_built_are_found_without_path(tmp_path: Path):
+    # What scripts/install-llamacpp.sh leaves: $LLMPERF_CACHE/llama.cpp/<version>/bin/llama-server.
+    for version in ("7000.0.0", "7100.0.0"):
+        binary = tmp_path / "llama.cpp" / version / "bin" / "llama-server"
+        binary.parent.mkdir(parents=True)
+        binary.write_text("#!/bin/sh\n")
+        binary.chmod(0o755)
+    gguf = tmp_path / "tiny.gguf"
+    gguf.write_bytes(b"GGUF")
+    spec = build_launch("llamacpp", model=str(gguf), host="127.0.0.1", port=8081, extra_args=[],
+                        which=fake_which(), module_available=no_modules, environ={"LLMPERF_CACHE": str(tmp_path)})
+    assert spec.command[0] == str(tmp_path / "llama.cpp" / "7100.0.0" / "bin" / "llama-server")  # the newest
+    assert spec.preset.variant == "llama-server"
+    with pytest.raises(EngineNotFound, match=r"llama-server not found \(looked at \$LLMPERF_LLAMA_SERVER, PATH"):
+        build_launch("llamacpp", model=str(gguf), host="127.0.0.1", port=8081, extra_args=[],
+                     which=fake_which(), module_available=no_modules, environ=NO_INSTALLS)

