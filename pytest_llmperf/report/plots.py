@@ -145,8 +145,11 @@ def plan_figures(doc: ReportDocument) -> list[PlannedFigure]:
         if any(t.timeslices is not None for t in run.trials):
             figures.append(PlannedFigure("timeslices", key, _unique_stem(key, "-timeslices", stems),
                                          f"{names[key]} over time", (title, run_timeslices(run))))
-        raw = {m: (samples(run.trials), samples(run.baseline_trials)) for m in ("ttft_s", "tpot_s")}
-        series = {m: (_pick(c, m), _pick(b, m)) for m, (c, b) in raw.items()}
+        candidate, base = samples(run.trials), samples(run.baseline_trials)
+        series = {m: (_pick(candidate, m), _pick(base, m)) for m in ("ttft_s", "tpot_s")}
+        if not any(np.isfinite(a).any() for pair in series.values() for a in pair):
+            # A pooling kind (embeddings, rerank) streams no tokens: its latency is end to end.
+            series = {"e2e_s": (_pick(candidate, "e2e_s"), _pick(base, "e2e_s"))}
         if any(c.size or b.size for c, b in series.values()):
             figures.append(PlannedFigure("latency", key, _unique_stem(key, "-latency", stems), names[key],
                                          (title, run, series, baseline)))
@@ -297,11 +300,13 @@ def find_sweeps(doc: ReportDocument) -> list[Sweep]:
 
 def latency_figure(mpl: Any, title: str, run: RunReport,
                    series: Mapping[str, tuple[np.ndarray, np.ndarray]], baseline: str) -> Any:
-    fig = mpl.Figure(figsize=(10, 4))
+    labels = {"ttft_s": "TTFT", "tpot_s": "TPOT", "e2e_s": "E2E"}
+    fig = mpl.Figure(figsize=(10 if len(series) > 1 else 5.5, 4))
     mpl.Canvas(fig)
-    axes = fig.subplots(1, 2)
+    axes = np.atleast_1d(fig.subplots(1, len(series)))
     slo = run.slo
-    for ax, (metric, label) in zip(axes, (("ttft_s", "TTFT"), ("tpot_s", "TPOT"))):
+    for ax, metric in zip(axes, series):
+        label = labels[metric]
         candidate, base = series[metric]
         top = 0.0
         for values, who, color, style in ((base, baseline, BASELINE_COLOR, "--"),
