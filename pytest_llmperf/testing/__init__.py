@@ -1,9 +1,15 @@
 """Helpers for testing against a real engine: tiny random-weight models (GGUF for llama.cpp, HF
 format for vLLM) and finding llama-server and vLLM's CPU build (:mod:`pytest_llmperf.servers.installs`).
 
-``build_tiny_llama_gguf`` needs the optional ``gguf`` package (``pytest-llmperf[llamacpp]``);
-``build_tiny_llama_hf`` runs the engine's Python (which has ``tokenizers`` and ``safetensors``).
-Importing this package needs neither.
+The text models serve every request kind: chat and completions, embeddings and rerank (see
+docs/engines.md, "Embeddings, rerank and images on CPU engines", for the engine flags). For images
+there is a vision half for each engine: ``build_tiny_mmproj_gguf`` (llama-server's ``--mmproj``,
+``mmproj_image_tokens`` per image) and ``build_tiny_idefics3_hf`` (a vision-language model vLLM
+serves, ``idefics3_image_tokens`` per image).
+
+The GGUF builders need the optional ``gguf`` package (``pytest-llmperf[llamacpp]``); the HF ones
+run the engine's Python (which has ``tokenizers`` and ``safetensors``). Importing this package
+needs neither.
 """
 
 from __future__ import annotations
@@ -16,17 +22,32 @@ from pytest_llmperf.servers.installs import (
     llama_cache_dir,
     vllm_cache_dir,
 )
-from pytest_llmperf.testing.tiny_gguf import TinyModelError, build_tiny_llama_gguf
-from pytest_llmperf.testing.tiny_hf import build_tiny_llama_hf
+from pytest_llmperf.testing.tiny_gguf import (
+    TinyModelError,
+    build_tiny_llama_gguf,
+    build_tiny_mmproj_gguf,
+    mmproj_image_tokens,
+)
+from pytest_llmperf.testing.tiny_hf import (
+    VLLM_RERANK_OVERRIDES,
+    build_tiny_idefics3_hf,
+    build_tiny_llama_hf,
+    idefics3_image_tokens,
+)
 
 __all__ = [
     "LLAMA_SERVER_ENV",
     "VLLM_PYTHON_ENV",
+    "VLLM_RERANK_OVERRIDES",
     "TinyModelError",
+    "build_tiny_idefics3_hf",
     "build_tiny_llama_gguf",
     "build_tiny_llama_hf",
+    "build_tiny_mmproj_gguf",
     "find_llama_server",
     "find_vllm_python",
+    "idefics3_image_tokens",
     "llama_cache_dir",
+    "mmproj_image_tokens",
     "vllm_cache_dir",
 ]

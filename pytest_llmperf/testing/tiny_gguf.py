@@ -16,6 +16,16 @@ model but well behaved as a load-test target:
   control tokens). Every generated token is then a complete word, so each streamed chunk carries
   visible text (byte tokens of split UTF-8 would be held back by the server), and without EOS every
   request generates exactly ``max_tokens`` tokens even where ``ignore_eos`` is not honoured.
+
+The same file serves the other request kinds without changes: ``llama-server --embeddings
+--pooling mean`` (or ``last``) answers ``/v1/embeddings`` with the final hidden state pooled
+(``n_embd`` floats, L2-normalised), and ``--reranking`` answers ``/v1/rerank``: rank pooling on a
+causal model takes the last token's hidden state, and with no classification head in the file the
+score is its first element. :func:`build_tiny_mmproj_gguf` writes the vision half for images: a
+CLIP-style encoder with LLaVA's two-layer MLP projector (``clip.projector_type = "mlp"``) that
+``llama-server --mmproj`` loads next to the text model; every image becomes
+:func:`mmproj_image_tokens` tokens of the prompt, whatever its size (LLaVA 1.5 resizes every image
+to one square).
 """
 
 from __future__ import annotations
@@ -31,7 +41,7 @@ from pytest_llmperf.errors import InputError, LLMPerfError
 from pytest_llmperf.load.prompts import COMMON_WORDS
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Callable, Iterable, Sequence
 
 BOS_EOS_TOKEN = "<|endoftext|>"
 IM_START_TOKEN = "<|im_start|>"
@@ -287,13 +297,9 @@ def build_tiny_llama_gguf(
     tensors = _weights(vocab, n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, seed=seed)
     _check_tensor_names(gguf, list(tensors), n_layer)
 
-    out = Path(path)
-    if out.is_dir():
-        raise TinyModelError(f"path {str(out)!r} is a directory; give a file name such as tiny.gguf")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    writer = gguf.GGUFWriter(str(tmp), "llama")
-    try:
+    out = _target(path)
+
+    def fill(writer: Any) -> None:
         writer.add_name("pytest-llmperf tiny random llama")
         writer.add_file_type(gguf.LlamaFileType.ALL_F32)
         writer.add_context_length(ctx)
@@ -318,6 +324,25 @@ def build_tiny_llama_gguf(
         writer.add_chat_template(CHAT_TEMPLATE)
         for name, array in tensors.items():
             writer.add_tensor(name, array)
+
+    return _write_gguf(gguf, out, "llama", fill)
+
+
+def _target(path: str | os.PathLike[str]) -> Path:
+    out = Path(path)
+    if out.is_dir():
+        raise TinyModelError(f"path {str(out)!r} is a directory; give a file name such as tiny.gguf")
+    return out
+
+
+def _write_gguf(gguf: Any, out: Path, arch: str, fill: Callable[[Any], None]) -> Path:
+    """Write a GGUF of architecture ``arch`` (``fill`` adds its keys and tensors) next to ``out``
+    and rename it into place, so a reader never sees half a model."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    writer = gguf.GGUFWriter(str(tmp), arch)
+    try:
+        fill(writer)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
@@ -328,3 +353,121 @@ def build_tiny_llama_gguf(
     writer.close()
     os.replace(tmp, out)
     return out
+
+
+# ---------------------------------------------------------------------------- images (mmproj)
+
+# CLIP's normalisation is irrelevant to random weights; 0.5 maps pixels to [-1, 1].
+_IMAGE_MEAN_STD = (0.5, 0.5, 0.5)
+
+
+def mmproj_image_tokens(image_size: int = 32, patch_size: int = 8) -> int:
+    """Prompt tokens one image takes with :func:`build_tiny_mmproj_gguf`'s projector: one per
+    patch of the square the image is resized to, ``(image_size / patch_size)²`` (LLaVA 1.5 keeps
+    no class token in the output and adds no begin/end tokens)."""
+    return (image_size // patch_size) ** 2
+
+
+def _mmproj_weights(*, n_embd_text: int, n_embd: int, n_ff: int, n_layer: int, image_size: int,
+                    patch_size: int, seed: int) -> dict[str, np.ndarray]:
+    """The vision tower and projector in numpy (row-major) shape, as convert_hf_to_gguf writes a
+    LLaVA mmproj: linear layers (out_features, in_features), the patch convolution
+    (n_embd, 3, patch, patch), one position embedding per patch (no class token)."""
+    rng = np.random.default_rng([seed, 1])
+
+    def linear(out_f: int, in_f: int) -> np.ndarray:
+        return rng.normal(0.0, 0.5 / np.sqrt(in_f), size=(out_f, in_f)).astype(np.float32)
+
+    n_pos = mmproj_image_tokens(image_size, patch_size)
+    ones, zeros = np.ones(n_embd, dtype=np.float32), np.zeros(n_embd, dtype=np.float32)
+    tensors = {
+        "v.patch_embd.weight": rng.normal(0.0, 0.1, size=(n_embd, 3, patch_size, patch_size)).astype(np.float32),
+        "v.position_embd.weight": rng.normal(0.0, 0.1, size=(n_pos, n_embd)).astype(np.float32),
+    }
+    for i in range(n_layer):
+        p = f"v.blk.{i}."
+        tensors.update({
+            p + "ln1.weight": ones.copy(), p + "ln1.bias": zeros.copy(),
+            p + "attn_q.weight": linear(n_embd, n_embd), p + "attn_k.weight": linear(n_embd, n_embd),
+            p + "attn_v.weight": linear(n_embd, n_embd), p + "attn_out.weight": linear(n_embd, n_embd),
+            p + "ln2.weight": ones.copy(), p + "ln2.bias": zeros.copy(),
+            p + "ffn_up.weight": linear(n_ff, n_embd), p + "ffn_up.bias": np.zeros(n_ff, dtype=np.float32),
+            p + "ffn_down.weight": linear(n_embd, n_ff), p + "ffn_down.bias": zeros.copy(),
+        })
+    # LLaVA's projector: mm.0 (vision -> text width), GELU, mm.2 (text -> text width).
+    tensors.update({
+        "mm.0.weight": linear(n_embd_text, n_embd), "mm.0.bias": np.zeros(n_embd_text, dtype=np.float32),
+        "mm.2.weight": linear(n_embd_text, n_embd_text), "mm.2.bias": np.zeros(n_embd_text, dtype=np.float32),
+    })
+    return tensors
+
+
+def _check_mmproj_names(gguf: Any, names: Sequence[str], n_layer: int) -> None:
+    known: set[str] = set()
+    for tensor in gguf.MODEL_TENSORS[gguf.MODEL_ARCH.MMPROJ]:
+        template = gguf.TENSOR_NAMES[tensor]
+        for i in range(max(n_layer, 3)):  # mm.{bid}: the projector's layers 0 and 2
+            known.update(template.format(bid=i) + suffix for suffix in (".weight", ".bias"))
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise GgufMismatch(f"gguf {getattr(gguf, '__version__', '?')} does not name mmproj tensors {unknown}")
+
+
+def build_tiny_mmproj_gguf(
+    path: str | os.PathLike[str],
+    *,
+    n_embd_text: int = 64,
+    image_size: int = 32,
+    patch_size: int = 8,
+    n_embd: int = 32,
+    n_head: int = 2,
+    n_ff: int = 64,
+    n_layer: int = 2,
+    seed: int = 0,
+) -> Path:
+    """Write a random-weight multimodal projector (``llama-server --mmproj FILE``) for the text
+    model of :func:`build_tiny_llama_gguf` and return the path.
+
+    ``n_embd_text`` must be the text model's ``n_embd`` (llama-server refuses a mismatch at
+    start-up). The vision tower is a ``n_layer``-block ViT of width ``n_embd`` over
+    ``image_size``-pixel squares cut in ``patch_size`` patches; like LLaVA, the projector reads the
+    second-to-last block's output. The same arguments always produce the same file.
+    """
+    for name, value in (("n_embd_text", n_embd_text), ("image_size", image_size), ("patch_size", patch_size),
+                        ("n_embd", n_embd), ("n_head", n_head), ("n_ff", n_ff), ("n_layer", n_layer)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise TinyModelError(f"{name} must be a positive integer, got {value!r}")
+    if image_size % patch_size:
+        raise TinyModelError(f"image_size ({image_size}) must be a multiple of patch_size ({patch_size})")
+    if n_embd % n_head:
+        raise TinyModelError(f"n_embd ({n_embd}) must be a multiple of n_head ({n_head})")
+    if n_ff == n_embd:
+        # llama.cpp swaps ffn_up/ffn_down of LLaVA files whose ffn_down is n_embd wide on input
+        # (old conversions); equal widths would trigger that.
+        raise TinyModelError(f"n_ff must differ from n_embd ({n_embd})")
+    gguf = _import_gguf()
+    tensors = _mmproj_weights(n_embd_text=n_embd_text, n_embd=n_embd, n_ff=n_ff, n_layer=n_layer,
+                              image_size=image_size, patch_size=patch_size, seed=seed)
+    _check_mmproj_names(gguf, list(tensors), n_layer)
+    out = _target(path)
+    keys, vision = gguf.Keys.Clip, gguf.Keys.ClipVision
+
+    def fill(writer: Any) -> None:
+        writer.add_name("pytest-llmperf tiny random mmproj")
+        writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+        writer.add_bool(keys.HAS_VISION_ENCODER, True)
+        writer.add_string(keys.PROJECTOR_TYPE, "mlp")
+        writer.add_uint32(vision.IMAGE_SIZE, image_size)
+        writer.add_uint32(vision.PATCH_SIZE, patch_size)
+        writer.add_uint32(vision.EMBEDDING_LENGTH, n_embd)
+        writer.add_uint32(vision.FEED_FORWARD_LENGTH, n_ff)
+        writer.add_uint32(vision.PROJECTION_DIM, n_embd_text)
+        writer.add_uint32(vision.BLOCK_COUNT, n_layer)
+        writer.add_uint32(vision.Attention.HEAD_COUNT, n_head)
+        writer.add_float32(vision.Attention.LAYERNORM_EPS, 1e-5)
+        writer.add_array(vision.IMAGE_MEAN, list(_IMAGE_MEAN_STD))
+        writer.add_array(vision.IMAGE_STD, list(_IMAGE_MEAN_STD))
+        for name, array in tensors.items():
+            writer.add_tensor(name, array)
+
+    return _write_gguf(gguf, out, gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.MMPROJ], fill)
