@@ -436,11 +436,12 @@ def render_readme(conversion: Conversion, command: str, out_dir: Path) -> str:
         "prompts never repeat, so none of them hits another's prefix cache).",
         "- Token counts are the server's (`usage`), the whole prompt included (special tokens, the chat "
         "template); vLLM's random lengths count the random text, less the tokenizer's special tokens.",
-        "- vLLM's embeddings requests carry `truncate_prompt_tokens: -1`; these do not (every prompt is within "
-        "the 1,024 tokens the ShareGPT filter keeps).",
         "- On the simulator the sub-suite's model name is served by the simulator's preset "
         "(`--llmperf-sim-preset`, default `llama-3.1-8b-h100`), with the server parameters it models.",
     ]
+    if any(d.api == "embeddings" for d in conversion.definitions):
+        lines.append("- vLLM's embeddings requests carry `truncate_prompt_tokens: -1`; these do not (the prompts are "
+                     "within the 1,024 tokens the ShareGPT filter keeps, or the lengths the definition sets).")
     return "\n".join(lines) + "\n"
 
 
@@ -496,13 +497,5 @@ def summary_lines(conversion: Conversion, out_dir: str | Path) -> list[str]:
     return lines
 
 
-def note_map(conversion: Conversion) -> Mapping[str, list[str]]:
-    """The notes by test name (``""`` for the file's own)."""
-    out: dict[str, list[str]] = {}
-    for n in conversion.notes:
-        out.setdefault(n.test or "", []).append(f"{n.parameter}: {n.reason}")
-    return out
-
-
-__all__ = ["SuiteWriteError", "function_names", "module_name", "note_map", "render_conftest", "render_ini",
+__all__ = ["SuiteWriteError", "function_names", "module_name", "render_conftest", "render_ini",
            "render_readme", "render_test_module", "summary_lines", "write_suite"]
