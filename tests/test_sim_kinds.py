@@ -640,6 +640,24 @@ def test_error_rate_applies_to_pooling_requests():
         assert response.status_code == 500 and "simulated internal server error" in response.json()["error"]["message"]
 
 
+def test_drop_rate_cuts_pooling_answers_and_a_client_that_leaves_aborts_them():
+    from pytest_llmperf.sim import start_in_thread
+
+    with start_in_thread(SimConfig(preset="zero", drop_rate=1.0)) as sim:
+        with pytest.raises(httpx.RemoteProtocolError):
+            httpx.post(sim.url + "/v1/embeddings", json={"input": "a b"}, timeout=10)
+    # A slow engine (each step x50): the client gives up; the server drops the queued sequences.
+    with start_in_thread(SimConfig(preset="tiny", time_scale=50.0)) as sim:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(sim.url + "/v1/rerank", json={"query": "q", "documents": [WORDS * 40] * 20}, timeout=0.2)
+        core = sim.state.engine.core
+        for _ in range(100):
+            if not core.has_work:
+                break
+            threading.Event().wait(0.02)
+        assert not core.has_work and core.stats.finished.get("abort", 0) >= 1
+
+
 def test_pooling_sequences_share_steps_with_generation():
     sim = Asgi(preset="tiny")
 
