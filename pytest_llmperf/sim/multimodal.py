@@ -35,7 +35,6 @@ from io import BytesIO
 from typing import TYPE_CHECKING
 
 import httpx
-from PIL import Image, UnidentifiedImageError
 
 from pytest_llmperf.errors import InputError
 from pytest_llmperf.sim.protocol import ApiError, bool_field
@@ -44,6 +43,7 @@ from pytest_llmperf.sim.tokenizer import TokenizerError, image_token_id
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
+    from types import ModuleType
 
     from pytest_llmperf.sim.state import SimState
 
@@ -76,8 +76,19 @@ def decode_data_url(url: str, where: str) -> bytes:
         raise _bad(where, "malformed data URL: the payload is not valid base64") from None
 
 
+def pillow() -> ModuleType:
+    """``PIL.Image``, imported on first use: serving text never needs Pillow (the app imports it
+    at start-up when the model has a vision encoder, so no request pays the import)."""
+    try:
+        import PIL.Image
+    except ImportError as exc:  # a core dependency; only a broken install gets here
+        raise ApiError(500, f"the simulator needs Pillow to read images: {exc}") from None
+    return PIL.Image
+
+
 def probe_image(data: bytes, where: str) -> ImageInfo:
     """Size, format and key of an image file, from its header (no pixel is decoded)."""
+    Image = pillow()  # noqa: N806 (the module's usual name)
     try:
         with warnings.catch_warnings():
             # A huge claimed size is fine here: nothing is decoded, and the processor resizes it.
@@ -85,7 +96,7 @@ def probe_image(data: bytes, where: str) -> ImageInfo:
             with Image.open(BytesIO(data)) as image:
                 width, height = image.size
                 fmt = image.format or "unknown"
-    except UnidentifiedImageError:
+    except Image.UnidentifiedImageError:
         # Pillow also refuses headers that claim 0 pixels (PNG, GIF, BMP) this way.
         raise _bad(where, f"cannot identify an image in its {len(data)} bytes (not an image format, "
                           "or a header of 0 pixels)") from None

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from pytest_llmperf.sim.engine import Engine
 from pytest_llmperf.sim.exposition import SimMetrics
-from pytest_llmperf.sim.multimodal import ImageLoader
+from pytest_llmperf.sim.multimodal import ImageLoader, pillow
 from pytest_llmperf.sim.tokenizer import SimTokenizer
 
 if TYPE_CHECKING:
@@ -41,6 +41,8 @@ class SimState:
         metrics = SimMetrics(engine.core, config.served_model_name)
         engine.on_first_token = metrics.on_first_token
         engine.on_finish = metrics.on_finish
+        if perf.vision is not None and not config.ignore_images:
+            pillow()  # imported now rather than by the first image request
         return cls(
             config=config,
             perf=perf,
