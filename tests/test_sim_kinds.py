@@ -671,8 +671,9 @@ def test_pooling_sequences_share_steps_with_generation():
 
     generation, embeddings = asyncio.run(main())
     assert generation.status_code == embeddings.status_code == 200
-    # Both prompts were computed in the first step, beside each other: 1 + 29 decode steps in all.
-    assert sim.stats.steps == 30
+    # The embeddings' prefill rode in the chat's steps (the first, or the next beside a decode):
+    # 1 prefill + 29 decode steps in all, none of its own.
+    assert sim.stats.steps == 30 and sim.stats.finished == {"length": 1, "stop": 4}
 
 
 # ---------------------------------------------------------------------- timing (serial group)
