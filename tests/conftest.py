@@ -76,6 +76,10 @@ SERIAL: dict[str, frozenset[str] | None] = {
     "test_arrivals.py": frozenset({"test_pacer_never_releases_early_and_is_not_millisecond_quantised"}),
     "test_capacity.py": frozenset({"test_capacity_matches_the_simulators_saturation_and_drops_with_a_slowdown"}),
     "test_traces.py": frozenset({"test_replay_on_the_simulator_sends_every_row_on_time_and_hits_shared_prefixes"}),
+    "test_sim_kinds.py": frozenset({
+        "test_the_encoder_time_lands_in_ttft_and_a_repeated_image_skips_it", "test_the_text_reference_is_sane",
+        "test_kinds_follow_the_model",
+    }),
     "test_sim_api.py": frozenset({
         "test_requests_are_batched", "test_reasoning_then_visible_and_multi_token_chunks",
         "test_llama8b_end_to_end_latency_is_realistic", "test_stop_is_quick_with_streams_in_flight",

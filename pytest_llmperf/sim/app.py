@@ -1,4 +1,8 @@
-"""The simulator's ASGI app: one engine, one metrics registry and the vLLM-shaped routes."""
+"""The simulator's ASGI app: one engine, one metrics registry and the vLLM-shaped routes.
+
+Generation (``/v1/chat/completions`` with text and image parts, ``/v1/completions``) and pooling
+(``/v1/embeddings``, ``/v1/rerank`` = ``/rerank`` = ``/v2/rerank``) share the one engine.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +20,14 @@ from pytest_llmperf.sim.config import SimConfig
 from pytest_llmperf.sim.engine import EngineClosed
 from pytest_llmperf.sim.exposition import METRICS_CONTENT_TYPE
 from pytest_llmperf.sim.kvcache import block_hashes
+from pytest_llmperf.sim.multimodal import chat_prompt
+from pytest_llmperf.sim.pooling import (
+    PoolingResponse,
+    embeddings_body,
+    parse_embeddings,
+    parse_rerank,
+    rerank_body,
+)
 from pytest_llmperf.sim.protocol import (
     ApiError,
     check_model,
@@ -25,16 +37,15 @@ from pytest_llmperf.sim.protocol import (
     tokenize_body,
 )
 from pytest_llmperf.sim.responses import Generation
-from pytest_llmperf.sim.scheduler import Sequence
+from pytest_llmperf.sim.scheduler import ImageSlot, Sequence
 from pytest_llmperf.sim.state import SimState
 from pytest_llmperf.sim.textgen import plan_output
 from pytest_llmperf.sim.tokenizer import TokenizerError
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Callable
 
     from starlette.requests import Request
-
 
 
 def build_app(config: SimConfig | None = None) -> Starlette:
@@ -45,6 +56,7 @@ def build_app(config: SimConfig | None = None) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         yield
         await state.engine.aclose()
+        await state.images.aclose()
 
     async def models(request: Request) -> Response:
         return JSONResponse(
@@ -75,7 +87,7 @@ def build_app(config: SimConfig | None = None) -> Starlette:
         try:
             data = await json_body(request)
             check_model(state.model_name, data)
-            ids = tokenize_body(state.tokenizer, data)
+            ids = (await chat_prompt(state, data))[0] if "messages" in data else tokenize_body(state.tokenizer, data)
         except ApiError as exc:
             return exc.response()
         return JSONResponse({"count": len(ids), "max_model_len": state.perf.max_model_len, "tokens": ids, "token_strs": None})
@@ -94,6 +106,27 @@ def build_app(config: SimConfig | None = None) -> Starlette:
             return error_response(400, str(exc), "tokens")
         return JSONResponse({"prompt": text})
 
+    async def embeddings(request: Request) -> Any:
+        dim = state.perf.preset.model.hidden_size
+        try:
+            data = await json_body(request)
+            check_model(state.model_name, data)
+            req = parse_embeddings(state.tokenizer, data, state.perf.max_model_len, dim, state.model_name)
+        except ApiError as exc:
+            return exc.response()
+        rid = "embd-" + uuid.uuid4().hex
+        return _pooled(state, req.inputs, lambda: embeddings_body(rid, state.model_name, req, dim))
+
+    async def rerank(request: Request) -> Any:
+        try:
+            data = await json_body(request)
+            check_model(state.model_name, data)
+            req = parse_rerank(state.tokenizer, data, state.perf.max_model_len)
+        except ApiError as exc:
+            return exc.response()
+        rid = "rerank-" + uuid.uuid4().hex
+        return _pooled(state, req.pairs, lambda: rerank_body(rid, state.model_name, req))
+
     async def health(request: Request) -> Response:
         return Response(status_code=200)
 
@@ -107,6 +140,7 @@ def build_app(config: SimConfig | None = None) -> Starlette:
                 "gpu": preset.gpu.name,
                 "gpu_count": preset.num_gpus,
                 "model": state.model_name,
+                "vision": preset.vision.name if preset.vision else None,
             }
         )
 
@@ -117,6 +151,10 @@ def build_app(config: SimConfig | None = None) -> Starlette:
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/embeddings", embeddings, methods=["POST"]),
+        Route("/v1/rerank", rerank, methods=["POST"]),
+        Route("/rerank", rerank, methods=["POST"]),
+        Route("/v2/rerank", rerank, methods=["POST"]),
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/detokenize", detokenize, methods=["POST"]),
         Route("/health", health, methods=["GET"]),
@@ -143,10 +181,14 @@ def _reasoning_tokens(server_default: int, data: dict[str, object]) -> int:
 
 
 async def _generate(state: SimState, request: Request, api: str) -> Any:
+    images: tuple[ImageSlot, ...] = ()
     try:
         data = await json_body(request)
         check_model(state.model_name, data)
-        req = parse_generation(state.tokenizer, data, api)
+        chat_ids = None
+        if api == "chat":
+            chat_ids, images = await chat_prompt(state, data)
+        req = parse_generation(state.tokenizer, data, api, chat_ids)
     except ApiError as exc:
         return exc.response()
     perf, cfg = state.perf, state.config
@@ -189,9 +231,26 @@ async def _generate(state: SimState, request: Request, api: str) -> Any:
     if len(output_ids) != plan.target_len:
         output_ids = []  # a stop string cut a token's text: cache the prompt's blocks only
     hashes = block_hashes(req.prompt_ids + output_ids, perf.block_size)
-    seq = Sequence(rid, prompt_len, hashes, plan.target_len, plan.finish_reason)
+    seq = Sequence(rid, prompt_len, hashes, plan.target_len, plan.finish_reason, images=images)
     try:
         state.engine.submit(seq)
     except EngineClosed:
         return error_response(503, "the simulator is shutting down")
     return Generation(state, req, seq, plan, drop_after)
+
+
+def _pooled(state: SimState, prompts: list[list[int]], render: Callable[[], bytes]) -> Any:
+    """Submit one prefill-only sequence per prompt; the response renders once all have ended."""
+    cfg, rng = state.config, state.rng
+    state.requests_seen += 1
+    if cfg.error_rate and rng.random() < cfg.error_rate:
+        return error_response(500, "simulated internal server error (--error-rate)")
+    drop = bool(cfg.drop_rate and rng.random() < cfg.drop_rate)
+    bs = state.perf.block_size
+    seqs = [Sequence(f"pool-{uuid.uuid4().hex}", len(ids), block_hashes(ids, bs), 0, "stop") for ids in prompts]
+    try:
+        for seq in seqs:
+            state.engine.submit(seq)
+    except EngineClosed:
+        return error_response(503, "the simulator is shutting down")
+    return PoolingResponse(state, seqs, render, drop)

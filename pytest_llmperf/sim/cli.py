@@ -7,7 +7,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from pytest_llmperf.sim.config import SimConfig
-from pytest_llmperf.sim.presets import PRESET_NAMES, PRESETS
+from pytest_llmperf.sim.presets import PRESET_NAMES, PRESETS, VISION_NAMES
 from pytest_llmperf.sim.server import PortInUseError, serve
 
 if TYPE_CHECKING:
@@ -68,6 +68,13 @@ def build_parser(prog: str = "llmperf sim") -> argparse.ArgumentParser:
     add("--max-num-seqs", type=_positive_int, default=None, help="override the preset's batch size limit")
     add("--max-num-batched-tokens", type=_positive_int, default=None, help="override the per-step token budget")
     add("--num-gpu-blocks", type=_positive_int, default=None, help="override the KV cache size in 16-token blocks")
+    add("--vision", choices=VISION_NAMES, default=None,
+        help="attach this vision encoder to the preset's model (LLaVA-style) so chat takes images")
+    add("--ignore-images", action="store_true",
+        help="fault: drop image parts silently and answer from the text alone (no vision tokens)")
+    add("--encoder-cache-tokens", type=_non_negative_int, default=None, metavar="N",
+        help="encoder-output cache size in vision tokens (0: none; default as vLLM: "
+             "max(max-num-batched-tokens, the largest image's tokens))")
     add("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="warning")
     add("--loop", choices=LOOPS, default="auto",
         help="event loop: auto (uvloop when installed), asyncio (the stdlib loop) or uvloop")

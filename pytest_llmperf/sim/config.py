@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pytest_llmperf.errors import InputError
 from pytest_llmperf.sim.noise import SpeedNoise
 from pytest_llmperf.sim.perfmodel import PerfModel
-from pytest_llmperf.sim.presets import PRESET_NAMES, Preset, get_preset
+from pytest_llmperf.sim.presets import PRESET_NAMES, VISION_NAMES, Preset, get_preset, get_vision
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,11 @@ class SimConfig:
     - ``natural_median_tokens``: median natural answer length when ``ignore_eos`` is off.
     - ``launch_jitter`` / ``step_jitter``: coefficients of variation of a speed factor drawn once
       per launch and once per step (see :mod:`.noise`), drawn from ``noise_seed`` (random when None).
+    - ``vision``: attach this vision encoder (``presets.VISION_ENCODERS``) to the preset's model,
+      LLaVA-style, so it serves images in chat; None keeps the preset's own (if any).
+    - ``ignore_images``: a fault: image parts are dropped silently (the prompt is the text only).
+    - ``encoder_cache_tokens``: the encoder-output cache's size in vision tokens (0: no cache;
+      None: vLLM's default, max(max_num_batched_tokens, the most tokens one image can become)).
     """
 
     preset: str = "llama-3.1-8b-h100"
@@ -50,6 +55,9 @@ class SimConfig:
     launch_jitter: float = 0.0
     step_jitter: float = 0.0
     noise_seed: int | None = None
+    vision: str | None = None
+    ignore_images: bool = False
+    encoder_cache_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.preset not in PRESET_NAMES:
@@ -84,10 +92,21 @@ class SimConfig:
             value = getattr(self, name)
             if value is not None and (not _is_int(value) or value < 1):
                 raise InputError(f"{name} must be a positive integer (or None for the preset's), got {value!r}")
+        if self.vision is not None and self.vision not in VISION_NAMES:
+            raise InputError(f"vision: unknown {self.vision!r}; valid encoders: {', '.join(VISION_NAMES)}")
+        if not isinstance(self.ignore_images, bool):
+            raise InputError(f"ignore_images must be true or false, got {self.ignore_images!r}")
+        value = self.encoder_cache_tokens
+        if value is not None and (not _is_int(value) or value < 0):
+            raise InputError(f"encoder_cache_tokens must be a non-negative integer (or None for vLLM's default), got {value!r}")
 
     @property
     def preset_spec(self) -> Preset:
-        return get_preset(self.preset)
+        """The preset, with the ``vision`` encoder attached when one is named."""
+        preset = get_preset(self.preset)
+        if self.vision is not None:
+            preset = replace(preset, vision=get_vision(self.vision))
+        return preset
 
     @property
     def served_model_name(self) -> str:
@@ -107,6 +126,7 @@ class SimConfig:
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
             num_gpu_blocks=self.num_gpu_blocks,
+            encoder_cache_tokens=self.encoder_cache_tokens,
         )
 
 

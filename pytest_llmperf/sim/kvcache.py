@@ -6,6 +6,11 @@ hash of the tokens they hold (chained over the preceding blocks, as vLLM does): 
 and blocks of generated tokens once computed, so a follow-up turn that sends the answer back hits. A cached
 block whose reference count drops to zero stays reusable until it is evicted, least recently
 freed first.
+
+The encoder-output cache (:class:`EncoderCache`) sits beside it: vision-encoder outputs kept by
+the image's content key, so a repeated image is not encoded again, sized in vision tokens (one
+embedding per token, as vLLM's EncoderCacheManager counts them) and evicted least recently used
+first.
 """
 
 from __future__ import annotations
@@ -116,3 +121,47 @@ class BlockPool:
             if rc == 0:
                 evictable[h] = None
         refs.clear()
+
+
+class EncoderCache:
+    """Encoder outputs by image key, within ``capacity_tokens`` vision tokens; LRU eviction.
+
+    vLLM V1 keeps an image's encoder output after its request ends and reuses it for any request
+    with the same multimodal hash until the space is needed. Entries still waiting to be read by
+    a running prefill are not protected here (vLLM's are); with the default size (at least one
+    step's token budget) that only matters for steps that encode more than the cache holds.
+    """
+
+    __slots__ = ("capacity_tokens", "used_tokens", "_entries")
+
+    def __init__(self, capacity_tokens: int) -> None:
+        if capacity_tokens < 0:
+            raise InputError(f"capacity_tokens must not be negative, got {capacity_tokens}")
+        self.capacity_tokens = capacity_tokens
+        self.used_tokens = 0
+        self._entries: OrderedDict[int, int] = OrderedDict()  # key -> tokens, oldest first
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def lookup(self, key: int) -> bool:
+        """True (and the entry becomes the most recently used) when ``key`` is cached."""
+        entries = self._entries
+        if key in entries:
+            entries.move_to_end(key)
+            return True
+        return False
+
+    def insert(self, key: int, num_tokens: int) -> None:
+        """Keep an encoder output, evicting the least recently used ones to make room."""
+        if num_tokens > self.capacity_tokens or key in self._entries:
+            return
+        entries = self._entries
+        while self.used_tokens + num_tokens > self.capacity_tokens:
+            _, tokens = entries.popitem(last=False)
+            self.used_tokens -= tokens
+        entries[key] = num_tokens
+        self.used_tokens += num_tokens

@@ -11,7 +11,17 @@ with P parameters, T tokens in the step, L layers, d_attn = heads·head_dim, A t
 (query, key) pairs attended (Σ n·(c + (n+1)/2) over sequences computing n new tokens after c
 cached ones), W weight bytes, R the KV tokens read (Σ c + n), G GPUs in tensor parallel.
 All durations here are *model* seconds; ``time_scale`` maps them to wall-clock seconds.
-The derivation and the source of every constant are in docs/simulator.md.
+
+A vision encoder (VLM presets, ``--vision``) adds, to the step whose prefill chunk first reaches
+an image, the encoding of the images in that step (a ViT roofline; N patches, V = N / merge²
+vision tokens, d the ViT width, L_v its layers of which L_full attend over the whole image and
+the others over windows of w patches):
+
+    F_image    = 2·P_vit·N + 4·d·N·(L_full·N + (L_v − L_full)·min(N, w)) + 2·P_proj·V
+    encoder_s  = max(ΣF_image / (G · peak · eff_vision), W_vision / (G · hbm · eff_memory)) · slowdown
+
+(the encoder's weights W_vision are read once per step that encodes). The derivation and the
+source of every constant are in docs/simulator.md.
 """
 
 from __future__ import annotations
@@ -19,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pytest_llmperf.errors import InputError
-from pytest_llmperf.sim.presets import GIB, Preset
+from pytest_llmperf.sim.presets import GIB, Preset, VisionSpec
 
 
 @dataclass(frozen=True)
@@ -31,6 +41,20 @@ class StepCost:
     comm_s: float
     overhead_s: float
     total_s: float
+
+
+@dataclass(frozen=True)
+class EncoderCost:
+    """One image through the vision encoder alone: its geometry, FLOPs and model seconds."""
+
+    width: int  # after the processor's resize
+    height: int
+    patches: int
+    tokens: int
+    flops: float
+    compute_s: float
+    memory_s: float
+    total_s: float  # max(compute_s, memory_s) · slowdown
 
 
 @dataclass(frozen=True)
@@ -58,6 +82,7 @@ class PerfModel:
         max_num_seqs: int | None = None,
         max_num_batched_tokens: int | None = None,
         num_gpu_blocks: int | None = None,
+        encoder_cache_tokens: int | None = None,
     ) -> None:
         if not slowdown > 0:
             raise InputError(f"slowdown must be positive, got {slowdown!r}")
@@ -73,6 +98,11 @@ class PerfModel:
         self.max_num_batched_tokens = int(max_num_batched_tokens or eng.max_num_batched_tokens)
         self.weight_bytes = model.weight_bytes
         self.kv_bytes_per_token = model.kv_bytes_per_token
+        self.vision: VisionSpec | None = preset.vision
+        vision = preset.vision
+        # The vision tower and its projector live on the GPUs too (sharded like the LM).
+        self.vision_params = vision.num_params + vision.projector_params(model.hidden_size) if vision else 0.0
+        self.vision_weight_bytes = self.vision_params * model.dtype_bytes
         self.num_gpu_blocks = int(num_gpu_blocks) if num_gpu_blocks else self._profiled_blocks()
         if self.num_gpu_blocks <= 0:
             raise InputError(
@@ -81,6 +111,14 @@ class PerfModel:
         # vLLM refuses to start when one max-length sequence would not fit in the KV cache; users
         # then lower --max-model-len. Mirror the outcome rather than the refusal.
         self.max_model_len = min(model.max_model_len, self.num_gpu_blocks * self.block_size)
+        # vLLM sizes its encoder cache (in vision tokens) as max(max_num_batched_tokens, the most
+        # tokens one image can become): compute_mm_encoder_budget in vllm/v1/core/encoder_cache_manager.py.
+        if vision is None:
+            self.encoder_cache_tokens = 0
+        elif encoder_cache_tokens is not None:
+            self.encoder_cache_tokens = int(encoder_cache_tokens)
+        else:
+            self.encoder_cache_tokens = max(self.max_num_batched_tokens, vision.max_tokens_per_image)
 
         # Hot-path constants, folded once so step_time_s is a handful of float operations.
         self._flops_per_token = 2.0 * model.num_params
@@ -100,13 +138,17 @@ class PerfModel:
         else:
             self._comm_fixed_s = 0.0
             self._comm_per_token_s = 0.0
+        if vision is not None:
+            self._vision_compute_rate = tp * gpu.peak_tflops * 1e12 * vision.compute_efficiency
+            self._vision_memory_s = self.vision_weight_bytes / self._memory_rate
+            self._vision_proj_flops = 2.0 * vision.projector_params(model.hidden_size)
 
     def _profiled_blocks(self) -> int:
         """KV blocks left after weights and the activation reserve, per vLLM's memory profile."""
         model, gpu, eng, tp = self.preset.model, self.preset.gpu, self.preset.engine, self.preset.num_gpus
         free_bytes = (
             gpu.memory_gib * GIB * eng.gpu_memory_utilization
-            - model.weight_bytes / tp
+            - (model.weight_bytes + self.vision_weight_bytes) / tp
             - eng.activation_reserve_gib * GIB
         )
         # KV heads are split across tensor-parallel ranks (replicated when there are fewer).
@@ -149,16 +191,70 @@ class PerfModel:
         pairs = batch_size * (context_tokens_per_seq + 1)
         return self.step_time_s(batch_size, pairs, batch_size * (context_tokens_per_seq + 1))
 
-    def lone_request(self, input_tokens: int, output_tokens: int, cached_tokens: int = 0) -> LoneRequestTiming:
+    # ------------------------------------------------------------------ vision encoder
+
+    def _require_vision(self) -> VisionSpec:
+        if self.vision is None:
+            raise InputError(f"preset {self.preset.name!r} has no vision encoder (give it one with --vision)")
+        return self.vision
+
+    def image_tokens(self, width: int, height: int) -> int:
+        """V: vision tokens of a ``width`` x ``height`` image (see :class:`VisionSpec`)."""
+        return self._require_vision().num_tokens(width, height)
+
+    def image_flops(self, width: int, height: int) -> float:
+        """Encoder FLOPs for one image: 2·P_vit·N + attention over patches + 2·P_proj·V."""
+        vision = self._require_vision()
+        n = vision.num_patches(width, height)
+        v = n // (vision.merge_size * vision.merge_size)
+        full = vision.num_layers if vision.full_attention_layers is None else vision.full_attention_layers
+        windowed = vision.num_layers - full
+        window = min(n, vision.window_patches) if windowed else 0
+        attention = 4.0 * vision.hidden_size * n * (full * n + windowed * window)
+        return 2.0 * vision.num_params * n + attention + self._vision_proj_flops * v
+
+    def encoder_time_s(self, flops: float) -> float:
+        """Model seconds for one step's encoder work of ``flops`` (slowdown included): a roofline
+        of the FLOPs against streaming the encoder's weights once. 0 with nothing to encode."""
+        if flops <= 0 or self.zero_cost:
+            return 0.0
+        compute = flops / self._vision_compute_rate
+        memory = self._vision_memory_s
+        return (compute if compute > memory else memory) * self.slowdown
+
+    def image_cost(self, width: int, height: int) -> EncoderCost:
+        """One image encoded alone, broken into its parts (for docs, tests and predictions)."""
+        vision = self._require_vision()
+        w, h = vision.resize(width, height)
+        flops = self.image_flops(width, height)
+        if self.zero_cost:
+            compute = memory = 0.0
+        else:
+            compute, memory = flops / self._vision_compute_rate, self._vision_memory_s
+        return EncoderCost(
+            width=w,
+            height=h,
+            patches=vision.num_patches(width, height),
+            tokens=vision.num_tokens(width, height),
+            flops=flops,
+            compute_s=compute,
+            memory_s=memory,
+            total_s=self.encoder_time_s(flops),
+        )
+
+    def lone_request(
+        self, input_tokens: int, output_tokens: int, cached_tokens: int = 0, encoder_s: float = 0.0
+    ) -> LoneRequestTiming:
         """TTFT, mean TPOT and E2E for one request alone on the engine (model seconds).
 
         The prompt is prefilled in chunks of ``max_num_batched_tokens`` (the first token comes
-        out of the last chunk's step); every further token is one decode step.
+        out of the last chunk's step); every further token is one decode step. ``encoder_s``
+        (e.g. ``image_cost(w, h).total_s`` for one image) is added to the first prefill step.
         """
         if input_tokens < 1 or output_tokens < 1:
             raise InputError("input_tokens and output_tokens must be at least 1")
         done = min(cached_tokens, input_tokens - 1)
-        ttft = 0.0
+        ttft = encoder_s
         while done < input_tokens:
             n = min(self.max_num_batched_tokens, input_tokens - done)
             ttft += self.prefill_step_time_s(n, done)

@@ -117,17 +117,23 @@ def prompt_ids(tok: SimTokenizer, prompt: Any, add_special_tokens: bool) -> list
     raise ApiError(400, "prompt: expected a string or a list of token ids", "prompt")
 
 
-def parse_generation(tok: SimTokenizer, data: Mapping[str, object], api: str) -> GenRequest:
+def parse_generation(
+    tok: SimTokenizer, data: Mapping[str, object], api: str, chat_ids: list[int] | None = None
+) -> GenRequest:
+    """Validate a generation body; ``chat_ids`` is the chat prompt already built (with images)."""
     n = int_field(data, "n", 1)
     if n is not None and n != 1:
         raise ApiError(400, f"n: only n=1 is supported, got {n}", "n")
     if api == "chat":
-        if "messages" not in data:
+        if chat_ids is not None:
+            ids = chat_ids
+        elif "messages" not in data:
             raise ApiError(400, "messages: field required", "messages")
-        try:
-            ids = tok.encode_chat(data["messages"], bool_field(data, "add_generation_prompt", True))
-        except TokenizerError as exc:
-            raise ApiError(400, str(exc), "messages") from None
+        else:
+            try:
+                ids = tok.encode_chat(data["messages"], bool_field(data, "add_generation_prompt", True))
+            except TokenizerError as exc:
+                raise ApiError(400, str(exc), "messages") from None
         max_tokens = int_field(data, "max_completion_tokens", 1)
         if max_tokens is None:
             max_tokens = int_field(data, "max_tokens", 1)

@@ -71,9 +71,7 @@ class Generation:
         await waiter
 
     async def _maybe_stall(self) -> None:
-        cfg = self.state.config
-        if cfg.stall_prob and self.state.rng.random() < cfg.stall_prob:
-            await sleep_until(perf_counter() + cfg.stall_s * cfg.time_scale)
+        await maybe_stall(self.state)
 
     def _drop(self) -> None:
         self.state.engine.abort(self.seq)
@@ -165,6 +163,13 @@ class Generation:
             "choices": [choice],
             "usage": usage_block(seq.prompt_len, n, seq.cached_tokens or 0, r),
         }
+
+
+async def maybe_stall(state: SimState) -> None:
+    """Hold a chunk (or a whole body) back ``stall_s`` (x time_scale) with probability ``stall_prob``."""
+    cfg = state.config
+    if cfg.stall_prob and state.rng.random() < cfg.stall_prob:
+        await sleep_until(perf_counter() + cfg.stall_s * cfg.time_scale)
 
 
 def usage_block(prompt: int, completion: int, cached: int, reasoning: int) -> dict[str, object]:

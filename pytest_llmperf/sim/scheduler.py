@@ -12,7 +12,16 @@ virtual-time capacity estimate. Per step:
    longest cached prefix of its prompt blocks and only computes the rest.
 
 A sequence samples a new token in the step that computes its last known token, so the first
-token comes out of the step that finishes the prompt and every decode step adds one.
+token comes out of the step that finishes the prompt and every decode step adds one. A
+prefill-only sequence (``target_len`` 0: an embeddings input, a rerank pair) samples nothing:
+it ends, and its KV blocks go back to the pool (its full prompt blocks stay cached), in the step
+that computes its last prompt token.
+
+Images: a sequence's :class:`ImageSlot` s say where its vision tokens sit. The step whose chunk
+first reaches an image runs the vision encoder on it, as vLLM V1 schedules encoder inputs with
+the chunk that needs them (normally the first prefill step), unless the encoder-output cache
+already holds that image or a prefix-cache hit covers all of its tokens; the step's cost then
+adds ``PerfModel.encoder_time_s`` of the FLOPs encoded in it.
 """
 
 from __future__ import annotations
@@ -24,9 +33,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pytest_llmperf.errors import InputError, LLMPerfError
-from pytest_llmperf.sim.kvcache import BlockPool
+from pytest_llmperf.sim.kvcache import BlockPool, EncoderCache
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence as Sequence_
+
     from pytest_llmperf.sim.perfmodel import PerfModel
 
 WAITING, RUNNING, FINISHED = 0, 1, 2
@@ -37,11 +48,24 @@ class SimulationStalled(LLMPerfError, RuntimeError):
     with no step cost); the message says which."""
 
 
+@dataclass(frozen=True, slots=True)
+class ImageSlot:
+    """One image in a prompt: where its ``num_tokens`` vision tokens start (``offset``, in prompt
+    tokens), its content ``key`` (the encoder cache's key) and its encoder ``flops``."""
+
+    offset: int
+    num_tokens: int
+    key: int
+    flops: float
+
+
 class Sequence:
-    """One request inside the scheduler.
+    """One request inside the scheduler (or one input of a pooling request).
 
     ``target_len`` is how many tokens it will generate (its natural length, or max_tokens, or
-    where a stop string fell), ending with ``target_reason``. ``waiter`` is an optional future
+    where a stop string fell), ending with ``target_reason``; 0 for a prefill-only sequence.
+    ``images`` are the prompt's images in prompt order; ``mm_pending`` counts those the
+    prefill has not reached yet. ``waiter`` is an optional future
     the HTTP handler parks on; it is resolved once ``num_output`` reaches ``notify_at`` or the
     sequence ends, so a handler wakes once per chunk it can send, not once per step.
     """
@@ -50,7 +74,7 @@ class Sequence:
         "request_id", "prompt_len", "block_hashes", "target_len", "target_reason", "arrival_s",
         "status", "num_computed", "num_output", "anon_blocks", "refs", "sched_n",
         "first_token_s", "finish_s", "finish_reason", "cached_tokens", "num_preemptions",
-        "waiter", "notify_at",
+        "waiter", "notify_at", "images", "mm_pending",
     )  # fmt: skip
 
     def __init__(
@@ -61,9 +85,10 @@ class Sequence:
         target_len: int,
         target_reason: str = "length",
         arrival_s: float = 0.0,
+        images: tuple[ImageSlot, ...] = (),
     ) -> None:
-        if prompt_len < 1 or target_len < 1:
-            raise InputError("a sequence needs at least one prompt token and one output token")
+        if prompt_len < 1 or target_len < 0:
+            raise InputError("a sequence needs at least one prompt token and a non-negative output length")
         self.request_id = request_id
         self.prompt_len = prompt_len
         self.block_hashes = block_hashes
@@ -83,6 +108,8 @@ class Sequence:
         self.num_preemptions = 0
         self.waiter: Any = None
         self.notify_at = 1
+        self.images = images
+        self.mm_pending = len(images)
 
     @property
     def finished(self) -> bool:
@@ -108,6 +135,8 @@ class SchedulerStats:
     prefix_hits: int = 0
     preemptions: int = 0
     steps: int = 0
+    encoder_runs: int = 0  # images encoded
+    encoder_cache_hits: int = 0  # images found in the encoder-output cache
     finished: dict[str, int] = field(default_factory=dict)
 
 
@@ -119,6 +148,7 @@ class SchedulerCore:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.stats = SchedulerStats()
+        self.encoder_cache = EncoderCache(perf.encoder_cache_tokens)
 
     @property
     def has_work(self) -> bool:
@@ -161,10 +191,35 @@ class SchedulerCore:
         victim.anon_blocks = 0
         victim.num_computed = 0
         victim.status = WAITING
+        victim.mm_pending = len(victim.images)  # recomputed from scratch: encoded again (unless cached)
         victim.num_preemptions += 1
         self.waiting.appendleft(victim)
         self.stats.preemptions += 1
         return victim
+
+    def _encode(self, seq: Sequence, computed: int, end: int) -> float:
+        """Encoder FLOPs this step spends on ``seq``'s images that its chunk ``[computed, end)``
+        reaches for the first time; images wholly inside a prefix-cache hit (before
+        ``computed``) or in the encoder cache cost nothing."""
+        images = seq.images
+        k = len(images) - seq.mm_pending
+        flops = 0.0
+        cache = self.encoder_cache
+        stats = self.stats
+        while k < len(images):
+            image = images[k]
+            if image.offset >= end:
+                break
+            if image.offset + image.num_tokens > computed:
+                if cache.lookup(image.key):
+                    stats.encoder_cache_hits += 1
+                else:
+                    cache.insert(image.key, image.num_tokens)
+                    stats.encoder_runs += 1
+                    flops += image.flops
+            k += 1
+        seq.mm_pending = len(images) - k
+        return flops
 
     def schedule(self) -> StepPlan | None:
         """Pick this step's work (allocating KV blocks for it); None when nothing can run."""
@@ -176,6 +231,7 @@ class SchedulerCore:
         num_tokens = 0
         pairs = 0.0
         kv_read = 0
+        encoder_flops = 0.0
         preempted = False
 
         i = 0
@@ -196,6 +252,8 @@ class SchedulerCore:
                 pool.allocate(need)
                 seq.anon_blocks += need
             seq.sched_n = n
+            if seq.mm_pending:
+                encoder_flops += self._encode(seq, c, c + n)
             plan.append(seq)
             num_tokens += n
             pairs += n * (c + (n + 1) * 0.5)
@@ -232,6 +290,8 @@ class SchedulerCore:
                 if seq.cached_tokens is None:
                     seq.cached_tokens = c
                 seq.sched_n = n
+                if seq.mm_pending:
+                    encoder_flops += self._encode(seq, c, c + n)
                 plan.append(seq)
                 num_tokens += n
                 pairs += n * (c + (n + 1) * 0.5)
@@ -240,7 +300,11 @@ class SchedulerCore:
 
         if not plan:
             return None
-        return StepPlan(plan, num_tokens, self.perf.step_time_s(num_tokens, pairs, kv_read))
+        cost = self.perf.step_time_s(num_tokens, pairs, kv_read)
+        if encoder_flops:
+            # vLLM V1 runs the step's encoder inputs first, then the model: the costs add.
+            cost += self.perf.encoder_time_s(encoder_flops)
+        return StepPlan(plan, num_tokens, cost)
 
     def complete(self, plan: StepPlan, now_s: float) -> tuple[list[Sequence], list[Sequence]]:
         """Apply a finished step: advance, sample, finish. Returns (got first token, finished)."""
@@ -266,6 +330,19 @@ class SchedulerCore:
                         seq.refs.append(h)
             if new != seq.prompt_len + seq.num_output:
                 continue  # mid-prompt chunk: nothing sampled yet
+            if not seq.target_len:
+                # Prefill-only: the prompt is computed and that is all (no token is sampled).
+                prompt_tokens += seq.prompt_len
+                pool.release(seq.anon_blocks, seq.refs)
+                seq.anon_blocks = 0
+                self._mark_finished(seq, seq.target_reason, now_s)
+                done.append(seq)
+                waiter = seq.waiter
+                if waiter is not None:
+                    seq.waiter = None
+                    if not waiter.done():
+                        waiter.set_result(None)
+                continue
             k = seq.num_output + 1
             seq.num_output = k
             generated += 1
@@ -297,8 +374,34 @@ class SchedulerCore:
 
 
 @dataclass(frozen=True, slots=True)
+class ReplayRequest:
+    """A request for :func:`replay` beyond a plain ``(arrival_s, prompt_len, output_len)`` tuple.
+
+    ``prompt_lens`` holds one prompt per sequence: one for a generation, one per input of an
+    embeddings request or per (query, document) pair of a rerank request. ``output_len`` 0 makes
+    them prefill-only; the request is done when all of them are. ``images`` are the first
+    sequence's images (:class:`ImageSlot`: offsets, vision tokens, content keys, encoder FLOPs,
+    e.g. from ``PerfModel.image_tokens`` / ``image_flops``); images with equal keys hit the
+    encoder cache as they would live.
+    """
+
+    arrival_s: float
+    prompt_lens: tuple[int, ...]
+    output_len: int = 1
+    images: tuple[ImageSlot, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.prompt_lens:
+            raise InputError("a replayed request needs at least one prompt (prompt_lens is empty)")
+
+
+@dataclass(frozen=True, slots=True)
 class ReplayedRequest:
-    """One request's modelled timeline from :func:`replay` (seconds on the arrivals' clock)."""
+    """One request's modelled timeline from :func:`replay` (seconds on the arrivals' clock).
+
+    For a prefill-only request (embeddings, rerank) ``first_token_s`` and ``finish_s`` are both
+    the end of the step that computed its last sequence's prompt, and ``output_tokens`` is 0.
+    """
 
     arrival_s: float
     first_token_s: float
@@ -311,6 +414,11 @@ class ReplayedRequest:
         return self.first_token_s - self.arrival_s
 
     @property
+    def e2e_s(self) -> float:
+        """Arrival -> the end of the step that finishes the request."""
+        return self.finish_s - self.arrival_s
+
+    @property
     def tpot_s(self) -> float | None:
         """(finish - first token) / (output_tokens - 1); None for a one-token answer."""
         if self.output_tokens < 2:
@@ -318,46 +426,52 @@ class ReplayedRequest:
         return (self.finish_s - self.first_token_s) / (self.output_tokens - 1)
 
 
-def replay(perf: PerfModel, requests: list[tuple[float, int, int]]) -> list[ReplayedRequest]:
+def replay(perf: PerfModel, requests: Sequence_[tuple[float, int, int] | ReplayRequest]) -> list[ReplayedRequest]:
     """Run the scheduler offline on a fixed arrival schedule, stepping time as :class:`Engine` does.
 
-    ``requests`` holds ``(arrival_s, prompt_len, output_len)`` on any clock in wall seconds; cold
-    prompts (no prefix hits) that run to ``output_len``. The live driver's rules are followed
-    exactly: a step starts when the previous one ends (back to back while there is work, each
-    lasting ``cost_s × time_scale``), or at the arrival that wakes an idle engine; a request that
-    arrives while a step is in flight joins the *next* step. So the result is what the live
-    simulator should produce on that schedule, less event-loop jitter and HTTP time.
+    ``requests`` holds ``(arrival_s, prompt_len, output_len)`` tuples or :class:`ReplayRequest` s
+    (several sequences, prefill-only, images) on any clock in wall seconds; cold prompts (no
+    prefix hits) that run to ``output_len``. The live driver's rules are followed exactly: a step
+    starts when the previous one ends (back to back while there is work, each lasting
+    ``cost_s × time_scale``), or at the arrival that wakes an idle engine; a request that arrives
+    while a step is in flight joins the *next* step. So the result is what the live simulator
+    should produce on that schedule, less event-loop jitter and HTTP time.
     Results are in input order.
     """
-    order = sorted(range(len(requests)), key=lambda i: requests[i][0])
+    reqs = [r if isinstance(r, ReplayRequest) else ReplayRequest(r[0], (r[1],), r[2]) for r in requests]
+    order = sorted(range(len(reqs)), key=lambda i: reqs[i].arrival_s)
     core = SchedulerCore(perf)
     bs = perf.block_size
     scale = perf.time_scale
     unique = itertools.count(1)
-    seqs: list[Sequence | None] = [None] * len(requests)
+    seqs: list[list[Sequence]] = [[] for _ in reqs]
     t = -math.inf
     k = 0
     while k < len(order) or core.has_work:
-        while k < len(order) and requests[order[k]][0] <= t:
+        while k < len(order) and reqs[order[k]].arrival_s <= t:
             i = order[k]
-            _, prompt_len, output_len = requests[i]
-            hashes = [next(unique) for _ in range(prompt_len // bs)]
-            seq = Sequence(f"replay-{i}", prompt_len, hashes, output_len, arrival_s=requests[i][0])
-            core.add(seq)
-            seqs[i] = seq
+            req = reqs[i]
+            for j, prompt_len in enumerate(req.prompt_lens):
+                hashes = [next(unique) for _ in range(prompt_len // bs)]
+                reason = "length" if req.output_len else "stop"
+                seq = Sequence(f"replay-{i}-{j}", prompt_len, hashes, req.output_len, reason,
+                               arrival_s=req.arrival_s, images=req.images if j == 0 else ())
+                core.add(seq)
+                seqs[i].append(seq)
             k += 1
         plan = core.schedule() if core.has_work else None
         if plan is None:
             if k >= len(order):
                 raise SimulationStalled("scheduler stalled with work queued (KV cache too small?)")
-            t = requests[order[k]][0]  # idle: the next arrival wakes the engine
+            t = reqs[order[k]].arrival_s  # idle: the next arrival wakes the engine
             continue
         t += plan.cost_s * scale
         core.complete(plan, t)
     out = []
-    for done in seqs:
-        assert done is not None and done.first_token_s is not None and done.finish_s is not None
-        out.append(ReplayedRequest(done.arrival_s, done.first_token_s, done.finish_s, done.num_output))
+    for req, group in zip(reqs, seqs):
+        finish = max(s.finish_s for s in group if s.finish_s is not None)
+        first = max(s.first_token_s if s.first_token_s is not None else finish for s in group)
+        out.append(ReplayedRequest(req.arrival_s, first, finish, req.output_len))
     return out
 
 

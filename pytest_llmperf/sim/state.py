@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from pytest_llmperf.sim.engine import Engine
 from pytest_llmperf.sim.exposition import SimMetrics
+from pytest_llmperf.sim.multimodal import ImageLoader, pillow
 from pytest_llmperf.sim.tokenizer import SimTokenizer
 
 if TYPE_CHECKING:
@@ -18,7 +19,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class SimState:
-    """Everything one app instance owns (one engine, one registry, one RNG for faults)."""
+    """Everything one app instance owns (one engine, one registry, one RNG for faults, one image
+    loader)."""
 
     config: SimConfig
     perf: PerfModel
@@ -27,6 +29,7 @@ class SimState:
     tokenizer: SimTokenizer
     model_name: str
     rng: random.Random
+    images: ImageLoader = field(default_factory=ImageLoader)
     created_s: int = field(default_factory=lambda: int(time.time()))
     requests_seen: int = 0
 
@@ -38,6 +41,8 @@ class SimState:
         metrics = SimMetrics(engine.core, config.served_model_name)
         engine.on_first_token = metrics.on_first_token
         engine.on_finish = metrics.on_finish
+        if perf.vision is not None and not config.ignore_images:
+            pillow()  # imported now rather than by the first image request
         return cls(
             config=config,
             perf=perf,

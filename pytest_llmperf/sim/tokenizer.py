@@ -15,6 +15,13 @@ Rules (docs/simulator.md has them too, for client authors):
   ``<|start_header_id|> role <|end_header_id|> \\n\\n content <|eot_id|>``, then with
   ``add_generation_prompt`` the same header for ``assistant``. Overhead: 1 + 5 per message + 4.
 - Completions prompts get ``<|begin_of_text|>`` when ``add_special_tokens`` (the default).
+- Images in chat (``{"type": "image_url"}`` parts) become V placeholder tokens, all with the id
+  ``FIRST_IMAGE_ID + key mod 2**30`` (``key`` from the image's content), inserted by the caller
+  where :meth:`SimTokenizer.encode_chat_parts` says; they decode as ``<|image_pad|>``.
+- Embeddings inputs get ``<|begin_of_text|>`` (``add_special_tokens``, default on); a rerank
+  (query, document) pair is ``<|begin_of_text|> query <|eot_id|> document <|end_of_text|>``:
+  ``RERANK_SPECIAL_TOKENS`` (3) around the two texts, as a BERT-style cross-encoder's
+  ``[CLS] q [SEP] d [SEP]``.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import re
 import zlib
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from pytest_llmperf.errors import InputError
 
@@ -83,6 +90,22 @@ def _build_vocab() -> tuple[dict[str, int], list[str]]:
 
 _VOCAB, _ID_TO_PIECE = _build_vocab()
 FIRST_HASHED_ID = 1 << 16
+# Image placeholders get ids of their own, above every hashed text piece's.
+FIRST_IMAGE_ID = FIRST_HASHED_ID + (1 << 30)
+IMAGE_PAD = "<|image_pad|>"
+RERANK_SPECIAL_TOKENS = 3  # <|begin_of_text|>, the <|eot_id|> separator, <|end_of_text|>
+
+
+class ImagePart(NamedTuple):
+    """An ``image_url`` content part: where it is (``messages[i].content[j]``) and its URL."""
+
+    where: str
+    url: str
+
+
+def image_token_id(key: int) -> int:
+    """The placeholder id of an image with content ``key``: equal images, equal ids."""
+    return FIRST_IMAGE_ID + (key & 0x3FFFFFFF)
 
 
 class TokenizerError(InputError):
@@ -92,7 +115,7 @@ class TokenizerError(InputError):
 class SimTokenizer:
     """Text <-> ids by the rules in the module docstring. Safe to share within one event loop."""
 
-    vocab_size = FIRST_HASHED_ID + (1 << 30)
+    vocab_size = FIRST_IMAGE_ID + (1 << 30)
 
     def __init__(self) -> None:
         # Hashed ids cannot be inverted, so remember recently seen pieces for /detokenize.
@@ -143,6 +166,8 @@ class SimTokenizer:
                 raise TokenizerError(f"tokens: expected non-negative integer ids, got {tid!r}")
             if tid < len(_ID_TO_PIECE):
                 parts.append(_ID_TO_PIECE[tid])
+            elif FIRST_IMAGE_ID <= tid < FIRST_IMAGE_ID + (1 << 30):
+                parts.append(IMAGE_PAD)
             else:
                 piece = self._recent.get(tid)
                 parts.append(piece if piece is not None else f"<|unk_{tid}|>")
@@ -151,26 +176,56 @@ class SimTokenizer:
     # ------------------------------------------------------------------ chat
 
     def encode_chat(self, messages: Any, add_generation_prompt: bool = True) -> list[int]:
-        """Apply the chat template to OpenAI-style messages and encode the result."""
+        """Apply the chat template to OpenAI-style text messages and encode the result."""
+        ids, images = self.encode_chat_parts(messages, add_generation_prompt)
+        if images:
+            raise TokenizerError(f"{images[0][1].where}: an image part needs a vision encoder (encode_chat_parts)")
+        return ids
+
+    def encode_chat_parts(
+        self, messages: Any, add_generation_prompt: bool = True
+    ) -> tuple[list[int], list[tuple[int, ImagePart]]]:
+        """The chat template's ids for the text, and each image part with the position in those ids
+        where its vision tokens go (in order). The caller inserts the placeholders (or drops them)."""
         if not isinstance(messages, list) or not messages:
             raise TokenizerError("messages: expected a non-empty list of {role, content} objects")
         ids = [BOS_ID]
+        images: list[tuple[int, ImagePart]] = []
         for i, message in enumerate(messages):
             if not isinstance(message, Mapping):
                 raise TokenizerError(f"messages[{i}]: expected an object with 'role' and 'content'")
             role = message.get("role")
             if not isinstance(role, str) or not role:
                 raise TokenizerError(f"messages[{i}].role: expected a non-empty string")
-            content = message_text(message.get("content"), f"messages[{i}].content")
             ids.append(START_HEADER_ID)
             ids.append(self.piece_id(role))  # the role name is one token whatever its length
             ids.append(END_HEADER_ID)
             ids.append(_VOCAB["\n\n"])
-            ids.extend(self.encode(content))
+            texts: list[str] = []
+            for part in message_parts(message.get("content"), f"messages[{i}].content"):
+                if isinstance(part, str):
+                    texts.append(part)
+                    continue
+                # Adjacent text parts are one text (joined as they always were); an image splits it.
+                ids.extend(self.encode("".join(texts)))
+                texts.clear()
+                images.append((len(ids), part))
+            ids.extend(self.encode("".join(texts)))
             ids.append(EOT_ID)
         if add_generation_prompt:
             ids.extend((START_HEADER_ID, _VOCAB["assistant"], END_HEADER_ID, _VOCAB["\n\n"]))
-        return ids
+        return ids, images
+
+    # ------------------------------------------------------------------ pooling
+
+    def encode_pair(self, query: str, document: str) -> list[int]:
+        """A rerank (query, document) pair as a cross-encoder reads it (3 special tokens)."""
+        return pair_ids(self.encode(query), self.encode(document))
+
+
+def pair_ids(query_ids: list[int], document_ids: list[int]) -> list[int]:
+    """``<|begin_of_text|> query <|eot_id|> document <|end_of_text|>``: RERANK_SPECIAL_TOKENS + both."""
+    return [BOS_ID, *query_ids, EOT_ID, *document_ids, EOS_ID]
 
 
 def chat_overhead_tokens(num_messages: int = 1, add_generation_prompt: bool = True) -> int:
@@ -184,18 +239,43 @@ def chat_overhead_tokens(num_messages: int = 1, add_generation_prompt: bool = Tr
 
 def message_text(content: Any, where: str) -> str:
     """The text of a message's content: a string, null, or a list of ``{"type": "text"}`` parts."""
+    parts = message_parts(content, where)
+    for part in parts:
+        if isinstance(part, ImagePart):
+            raise TokenizerError(f"{part.where}: only text parts are supported here")
+    return "".join(p for p in parts if isinstance(p, str))
+
+
+def message_parts(content: Any, where: str) -> list[str | ImagePart]:
+    """A message's content as text pieces and image parts, in order: the content may be a string,
+    null, or a list of ``{"type": "text", "text": ...}`` and
+    ``{"type": "image_url", "image_url": {"url": ...}}`` parts."""
     if content is None:
-        return ""
+        return []
     if isinstance(content, str):
-        return content
-    if isinstance(content, Sequence) and not isinstance(content, (bytes, bytearray)):
-        texts = []
-        for j, part in enumerate(content):
-            if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise TokenizerError(f"{where}[{j}]: only {{'type': 'text', 'text': ...}} parts are supported")
-            texts.append(part["text"])
-        return "".join(texts)
-    raise TokenizerError(f"{where}: expected a string or a list of text parts")
+        return [content]
+    if not isinstance(content, Sequence) or isinstance(content, (bytes, bytearray)):
+        raise TokenizerError(f"{where}: expected a string or a list of content parts")
+    out: list[str | ImagePart] = []
+    for j, part in enumerate(content):
+        here = f"{where}[{j}]"
+        if not isinstance(part, Mapping):
+            raise TokenizerError(f"{here}: expected a content part object with a 'type'")
+        kind = part.get("type")
+        if kind == "text":
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise TokenizerError(f"{here}.text: expected a string")
+            out.append(text)
+        elif kind == "image_url":
+            image = part.get("image_url")
+            url = image.get("url") if isinstance(image, Mapping) else image
+            if not isinstance(url, str) or not url:
+                raise TokenizerError(f"{here}.image_url: expected {{'url': 'data:image/...' or 'http(s)://...'}}")
+            out.append(ImagePart(here, url))
+        else:
+            raise TokenizerError(f"{here}: unsupported content part type {kind!r} (supported: 'text', 'image_url')")
+    return out
 
 
 def word_piece(index: int) -> str:
