@@ -185,7 +185,7 @@ def test_embedding_batches_and_rerank_documents():
     emb = factory(api="embeddings", batch_size=3, input_tokens=20).make(5)
     body = build_body(emb, "m")
     assert body["input"] == list(emb.inputs) and len(body["input"]) == 3
-    assert "max_tokens" not in body and "stream" not in body and body["encoding_format"] == "float"
+    assert "max_tokens" not in body and "stream" not in body and body["encoding_format"] == "base64"
     assert len(set(emb.inputs)) == 3 and emb.prompt_tokens_expected == 60
     assert all(len(text.split(" ")) == 20 for text in emb.inputs)
     single = build_body(factory(api="embeddings", input_tokens=20).make(5), "m")

@@ -18,9 +18,19 @@ from pytest_llmperf.sim.cli import main
 def test_unknown_preset_lists_valid_ones(capsys):
     assert main(["--preset", "gpt-17"]) == 2
     err = capsys.readouterr().err
-    assert "invalid choice: 'gpt-17'" in err
-    for name in ("llama-3.1-8b-h100", "llama-3.1-70b-4xh100", "qwen2.5-1.5b-l4", "tiny", "zero"):
+    assert "unknown simulator preset 'gpt-17'" in err
+    for name in ("llama-3.1-8b-h100", "llama-3.1-70b-4xh100", "qwen2.5-1.5b-l4", "tiny", "zero", "qwen2.5-vl-vit"):
         assert name in err
+
+
+def test_a_preset_takes_a_vision_encoder_after_a_plus(capsys):
+    from pytest_llmperf.sim.presets import get_preset
+
+    preset = get_preset("llama-3.1-8b-h100+qwen2.5-vl-vit")
+    assert preset.vision is not None and preset.vision.name == "qwen2.5-vl-vit"
+    assert preset.model == get_preset("llama-3.1-8b-h100").model
+    assert main(["--preset", "tiny+nope"]) == 2
+    assert "unknown vision encoder 'nope'; valid encoders: qwen2.5-vl-vit, clip-vit-l-336" in capsys.readouterr().err
 
 
 def test_unknown_flag_shows_the_valid_flags(capsys):

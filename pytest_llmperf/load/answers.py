@@ -5,8 +5,9 @@ with the wrong number of results, a chat answer whose prompt count shows the ima
 read) must not pass as a fast request: the answer is a ``wrong_answer`` failure, which counts
 against the error rate, goodput and every latency percentile like any other failure.
 
-- Embeddings (``/v1/embeddings``): ``data`` holds one ``embedding`` per input (a non-empty list of
-  numbers, or a base64 string of float32), all of one dimension, each ``index`` once.
+- Embeddings (``/v1/embeddings``): ``data`` holds one ``embedding`` per input (a base64 string of
+  little-endian float32, as the client asks for, or a non-empty list of numbers), all of one
+  dimension, each ``index`` once.
 - Rerank (``/v1/rerank``): ``results`` (or a bare list, as TEI answers) holds
   ``min(top_n, documents)`` entries, each a distinct document ``index`` in range with a numeric
   ``relevance_score`` (or ``score``).
@@ -59,7 +60,11 @@ def check_embeddings(obj: Any, inputs: int) -> dict[str, Any] | None:
     for k, item in enumerate(data):
         vector = item.get("embedding") if isinstance(item, dict) else None
         if isinstance(vector, str) and vector:
-            dims.add(len(vector))  # base64: the encoded length stands for the dimension
+            # base64 of little-endian float32: 4 bytes a component, so 4 chars encode 3 bytes.
+            size = len(vector) * 3 // 4 - vector.endswith("=") - vector.endswith("==")
+            if size % 4:
+                raise WrongAnswer(f"embeddings answer: data[{k}] is not base64 of float32 ({size} bytes)")
+            dims.add(size // 4)
         elif isinstance(vector, list) and vector and all(_is_number(v) for v in vector[:8]):
             dims.add(len(vector))
         else:

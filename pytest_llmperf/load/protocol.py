@@ -109,7 +109,10 @@ def build_body(req: PreparedRequest, model: str | None) -> dict[str, object]:
         body["model"] = req.model if req.model is not None else model
     if req.api == "embeddings":
         body["input"] = list(req.inputs) if req.inputs is not None else req.prompt
-        body["encoding_format"] = "float"
+        # base64 (little-endian float32): a batch of 4,096-wide vectors is ~0.6 MB of JSON numbers
+        # to parse as floats but a few strings as base64, so the client never lags behind its
+        # schedule reading them. ``sampling: {encoding_format: float}`` asks for numbers.
+        body["encoding_format"] = "base64"
         body.update(req.sampling)
         body.update(req.extra_body)
         return body

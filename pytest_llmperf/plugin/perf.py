@@ -82,11 +82,9 @@ class LLMPerf:
         opts = session.options
         pair = session.pair
         workload = workload.scaled(opts.duration_scale)
-        for slo in self.slos:
-            try:
-                check_applies(slo, workload.api)  # before any load: a key the kind has no metric for
-            except SLOError as exc:
-                pytest.fail(f"llmperf: {exc}", pytrace=False)
+        refused = _inapplicable(self.slos, workload.api)  # before any load: a key the kind has no metric for
+        if refused is not None:
+            pytest.fail(f"llmperf: {refused}", pytrace=False)
         # A gate needs replicates: default to the calibrated trial count when saving or comparing
         # (see stats.DEFAULT_TRIALS and benchmarks/gate_calibration.py), one trial otherwise.
         gating_default = DEFAULT_TRIALS if (opts.save or opts.baseline or pair is not None) else 1
@@ -476,6 +474,17 @@ def failed_requests(result: RunResult) -> str | None:
     first = f"; first: {failed[0].error_detail}" if failed else ""
     also = f"; {cancelled}" if cancelled else ""
     return f"{s.failed} of {s.requests} measured requests failed ({kinds}){first}{also}"
+
+
+def _inapplicable(slos: list[SLO], api: str) -> str | None:
+    """Why a marker's key does not apply to the kind ``api`` (None: every key applies). Returned,
+    not raised, so the test's failure carries no chained traceback."""
+    for slo in slos:
+        try:
+            check_applies(slo, api)
+        except SLOError as exc:
+            return str(exc)
+    return None
 
 
 def _marker_trials(slos: list[SLO]) -> int | None:

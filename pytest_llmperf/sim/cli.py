@@ -6,8 +6,9 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
+from pytest_llmperf.errors import InputError
 from pytest_llmperf.sim.config import SimConfig
-from pytest_llmperf.sim.presets import PRESET_NAMES, PRESETS, VISION_NAMES
+from pytest_llmperf.sim.presets import PRESET_NAMES, PRESETS, VISION_NAMES, get_preset
 from pytest_llmperf.sim.server import PortInUseError, serve
 
 if TYPE_CHECKING:
@@ -38,6 +39,14 @@ _non_negative_int = _number("a non-negative integer", lambda v: v >= 0, int)
 _port = _number("a port number 0-65535 (0 picks a free one)", lambda v: 0 <= v <= 65535, int)
 
 
+def _preset(name: str) -> str:
+    try:
+        get_preset(name)
+    except InputError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return name
+
+
 def build_parser(prog: str = "llmperf sim") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
@@ -45,7 +54,9 @@ def build_parser(prog: str = "llmperf sim") -> argparse.ArgumentParser:
         epilog="presets: " + "; ".join(f"{p.name} ({p.description})" for p in PRESETS.values()),
     )
     add = parser.add_argument
-    add("--preset", choices=PRESET_NAMES, default="llama-3.1-8b-h100", help="model/GPU pair to simulate")
+    add("--preset", type=_preset, default="llama-3.1-8b-h100", metavar="PRESET[+ENCODER]",
+        help=f"model/GPU pair to simulate: {', '.join(PRESET_NAMES)}; +ENCODER attaches a vision encoder "
+             f"({', '.join(VISION_NAMES)})")
     add("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
     add("--port", type=_port, default=8000, help="port (0 picks a free one; default 8000)")
     add("--model", dest="model_name", default=None, help="served model name (default: the preset's HF id)")

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from pytest_llmperf.errors import InputError
 from pytest_llmperf.sim.noise import SpeedNoise
 from pytest_llmperf.sim.perfmodel import PerfModel
-from pytest_llmperf.sim.presets import PRESET_NAMES, VISION_NAMES, Preset, get_preset, get_vision
+from pytest_llmperf.sim.presets import VISION_NAMES, Preset, get_preset, get_vision
 
 
 @dataclass(frozen=True)
@@ -60,8 +60,7 @@ class SimConfig:
     encoder_cache_tokens: int | None = None
 
     def __post_init__(self) -> None:
-        if self.preset not in PRESET_NAMES:
-            raise InputError(f"preset: unknown {self.preset!r}; valid presets: {', '.join(PRESET_NAMES)}")
+        get_preset(self.preset)  # an unknown preset or encoder fails here, naming the valid ones
         if self.model_name is not None and (not isinstance(self.model_name, str) or not self.model_name):
             raise InputError(f"model_name must be a non-empty string, got {self.model_name!r}")
         for name in ("slowdown", "time_scale"):

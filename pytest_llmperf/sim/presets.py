@@ -10,7 +10,7 @@ benchmarks and common measurements put them. See ``docs/simulator.md`` for the d
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
@@ -403,12 +403,23 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in _PRESETS})
 PRESET_NAMES: tuple[str, ...] = tuple(PRESETS)
 
 
+# A preset with a vision encoder attached: "<preset>+<encoder>" (an LM plus a vision tower, as
+# LLaVA-style models are built), so a suite that sends images can name it where it names its preset.
+VISION_SEP = "+"
+
+
 def get_preset(name: str) -> Preset:
-    """The preset called ``name``; a ValueError listing the valid names otherwise."""
+    """The preset called ``name`` (``"<preset>+<vision encoder>"`` attaches an encoder from
+    :data:`VISION_ENCODERS`); an InputError listing the valid names otherwise."""
+    base, sep, encoder = name.partition(VISION_SEP)
     try:
-        return PRESETS[name]
+        preset = PRESETS[base]
     except KeyError:
-        raise InputError(f"unknown simulator preset {name!r}; valid presets: {', '.join(PRESET_NAMES)}") from None
+        raise InputError(f"unknown simulator preset {base!r}; valid presets: {', '.join(PRESET_NAMES)}"
+                         f" (optionally +<vision encoder>: {', '.join(VISION_NAMES)})") from None
+    if sep:
+        preset = replace(preset, name=name, vision=get_vision(encoder))
+    return preset
 
 
 def get_vision(name: str) -> VisionSpec:
