@@ -43,7 +43,8 @@ def kind_problems(workload: Workload, records: Sequence[RequestRecord]) -> list[
     if kind is not None and len(refused) == len(measured):
         reasons = Counter(r.error_detail or r.error_kind for r in refused)
         detail, _ = reasons.most_common(1)[0]
-        out.append(f"the server served no {kind} request: all {len(measured)} failed ({detail}); {HINTS[kind]}")
+        what = "image" if kind == "images" else kind
+        out.append(f"the server served no {what} request: all {len(measured)} failed ({detail}); {HINTS[kind]}")
     if workload.adapters is not None:
         for name in workload.adapters.names:
             mine = [r for r in measured if r.request_type == name]
