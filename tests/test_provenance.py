@@ -30,6 +30,7 @@ from pytest_llmperf.provenance import (
     web_url,
 )
 from pytest_llmperf.report.document import build_document
+from pytest_llmperf.report.junit import render_junit
 from pytest_llmperf.report.markdown import render_markdown
 from pytest_llmperf.report.model import ReportDocument
 from pytest_llmperf.report.writers import to_json, validate
@@ -200,6 +201,8 @@ def test_reports_show_the_commit_and_the_baselines(tmp_path):
     assert f"commit [`bbbbbbbbbb`](https://github.com/o/r/commit/{SHA_B}) on `feat`" in text
     assert "PR #12" in text and "[CI run](https://github.com/o/r/actions/runs/1)" in text
     assert "baseline `main` at `aaaaaaaaaa`" in text
+    junit = render_junit(doc)
+    assert f'<property name="llmperf.commit" value="{SHA_B}"' in junit and 'name="llmperf.pr" value="12"' in junit
     # a report written before provenance existed still reads
     del data["provenance"]
     assert ReportDocument.from_json_dict(data).provenance is None
