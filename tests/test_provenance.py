@@ -255,6 +255,7 @@ def test_baselines_list_and_show_name_the_commit(tmp_path, capsys):
 
 
 @needs_git
+@pytest.mark.integration
 def test_a_saved_session_records_its_git_commit_and_a_bad_revision_is_a_usage_error(pytester, tmp_path):
     repo, sha = _repo(pytester.path, remote="git@github.com:org/suite.git")
     (repo / "test_one.py").write_text(
