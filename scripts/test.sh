@@ -21,6 +21,12 @@
 # venv there (about 2 minutes, then a second). LLMPERF_SKIP_LLAMACPP=1 / LLMPERF_SKIP_VLLM=1 skip
 # those steps, and the real-engine tests then skip with the reason. Where vLLM has no CPU build
 # (not Linux x86_64) its tests skip by themselves.
+#
+# The dashboard's browser tests (tests/test_dashboard_browser.py) open its pages in a headless
+# Chromium: the machine's own (Debian's chromium, GitHub's runners' Google Chrome, or
+# $LLMPERF_BROWSER), else Debian's chromium package is installed with apt-get (no browser is
+# downloaded by any Python package). With one they are required (LLMPERF_REQUIRE_BROWSER=1: they
+# fail rather than skip); LLMPERF_SKIP_BROWSER=1 skips the install and the tests skip with the reason.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh dev,plots,fast,llamacpp,datasets
@@ -38,6 +44,18 @@ if [ "${LLMPERF_SKIP_VLLM:-0}" != "1" ]; then
   elif [ "$rc" != 3 ]; then
     exit "$rc"
   fi
+fi
+
+if [ "${LLMPERF_SKIP_BROWSER:-0}" != "1" ]; then
+  if [ -z "${LLMPERF_BROWSER:-}" ] && ! command -v chromium >/dev/null 2>&1 \
+      && ! command -v google-chrome >/dev/null 2>&1 && ! command -v google-chrome-stable >/dev/null 2>&1; then
+    echo "test.sh: installing Debian's chromium for the dashboard's browser tests (apt-get)" >&2
+    sudo=""
+    [ "$(id -u)" = 0 ] || sudo="sudo"
+    $sudo apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null
+  fi
+  export LLMPERF_REQUIRE_BROWSER=1
 fi
 
 cores=$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)

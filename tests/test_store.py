@@ -418,7 +418,7 @@ def test_cli_list(tmp_path, capsys):
     _seed_store(tmp_path)
     assert baselines_main(["--store", str(tmp_path), "list"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["NAME", "RUNS", "LATEST", "(UTC)", "FINGERPRINT"]
+    assert lines[0].split() == ["NAME", "RUNS", "LATEST", "(UTC)", "COMMIT", "FINGERPRINT"]
     main_row = next(line for line in lines if line.startswith("main "))
     assert main_row.split()[1] == "2"
     assert "vllm 0.6.3 | Qwen/Qwen3-8B | 2x NVIDIA H100" in main_row

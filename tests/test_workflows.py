@@ -41,9 +41,13 @@ def _load(path: Path) -> dict:
     return doc
 
 
+def _job(doc: dict) -> dict:
+    """The workflow's measuring job: its first (llmperf-main.yml's second job publishes the dashboard)."""
+    return next(iter(doc["jobs"].values()))
+
+
 def _steps(doc: dict) -> list[dict]:
-    [job] = doc["jobs"].values()
-    return job["steps"]
+    return _job(doc)["steps"]
 
 
 def _step(doc: dict, uses_prefix: str) -> dict:
@@ -121,13 +125,14 @@ def test_permissions_are_minimal_and_gpu_jobs_serialised():
     assert "pull-requests" not in main["permissions"] and main["permissions"]["contents"] == "read"
     groups = []
     for doc in (main, pr):
-        [job] = doc["jobs"].values()
+        job = _job(doc)
         assert "self-hosted" in job["runs-on"] and "gpu" in job["runs-on"]
         groups.append(job["concurrency"]["group"])
         assert job["concurrency"]["cancel-in-progress"] is False
     assert groups[0] == groups[1], "main and PR perf jobs must share one concurrency group"
     [job] = pr["jobs"].values()
     assert "head.repo.full_name == github.repository" in job["if"]  # no fork code on the GPU machine
+    assert "permissions" not in _job(main)  # the measuring job keeps the workflow's minimal token
 
 
 def test_workflows_use_only_real_plugin_flags():
@@ -174,3 +179,41 @@ def test_gitlab_snippet_in_the_ci_recipe_is_valid_and_wired():
     assert "job=llmperf-main" in mr_script and ".llmperf/baselines/" in mr_script
     known = {spec.cli for spec in OPTIONS}
     assert set(re.findall(r"--llmperf-[a-z-]+", main_script + mr_script)) <= known
+
+
+def test_main_workflow_builds_the_dashboard_and_publishes_it_on_pages():
+    doc = _load(MAIN)
+    steps = _steps(doc)
+    build = next(s for s in steps if "llmperf dashboard" in s.get("run", ""))
+    out = re.search(r"--out (\S+)", build["run"]).group(1)
+    assert "--store .llmperf" in build["run"] and build["if"] == "${{ !cancelled() }}"
+    save = next(i for i, s in enumerate(steps) if "--llmperf-save" in s.get("run", ""))
+    assert steps.index(build) > save  # from the store after saving
+    upload = _step(doc, "actions/upload-pages-artifact@")
+    assert upload["with"]["path"].rstrip("/") == out.rstrip("/") and steps.index(upload) > steps.index(build)
+    pages = doc["jobs"]["pages"]
+    assert pages["needs"] == "baseline" and "!cancelled()" in pages["if"]
+    assert pages["permissions"] == {"pages": "write", "id-token": "write"}
+    assert pages["environment"]["name"] == "github-pages"
+    assert [s["uses"].split("@")[0] for s in pages["steps"]] == ["actions/deploy-pages"]
+    assert "dashboard" in re.search(r'pip install .*-e "\.\[([a-z,]+)\]"', _run_text(doc)).group(1).split(",")
+
+
+def test_pr_workflow_uploads_its_runs_page_and_links_it_before_commenting():
+    doc = _load(PR)
+    steps = _steps(doc)
+    names = [s.get("name", "") for s in steps]
+    build = next(s for s in steps if "llmperf dashboard" in s.get("run", ""))
+    assert "--run .llmperf/report" in build["run"] and "--page" in build["run"] and "--store .llmperf" in build["run"]
+    upload = next(s for s in steps if s.get("id") == "page")
+    assert upload["uses"].startswith("actions/upload-artifact@v7") and upload["with"]["archive"] is False
+    assert upload["with"]["path"] == "${{ steps.page_build.outputs.path }}"
+    link = next(s for s in steps if "steps.page.outputs.artifact-url" in str(s.get("env", {})))
+    assert ".llmperf/report/llmperf-summary.md" in link["run"] and "GITHUB_STEP_SUMMARY" in link["run"]
+    comment = _step(doc, "marocchino/sticky-pull-request-comment@")
+    report = next(s for s in steps if s.get("with", {}).get("path") == ".llmperf/report/")
+    order = [steps.index(s) for s in (build, upload, link, report, comment)]
+    assert order == sorted(order), names  # the summary the comment and the report carry has the link
+    gate = next(i for i, s in enumerate(steps) if "--llmperf-baseline" in s.get("run", ""))
+    assert gate < order[0] and "!cancelled()" in build["if"]  # a failed gate still gets its page
+

@@ -60,6 +60,7 @@ import numpy as np
 
 from pytest_llmperf.baseline.store import BaselineCorrupt, BaselineTooNew, StoreWarning
 from pytest_llmperf.defaults import DEFAULT_HISTORY
+from pytest_llmperf.provenance import CommitRange, Provenance
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -179,6 +180,12 @@ class StatSeries:
         """Index of the first session of the current segment."""
         return self.change_points[-1] if self.change_points else 0
 
+    def change_ranges(self, provenance: Mapping[str, Provenance | None]) -> list[CommitRange]:
+        """Per change point, the commits it lies in: after the last session before it, up to the
+        first session after it (``provenance`` by run id, :meth:`History.provenance`)."""
+        return [CommitRange(provenance.get(self.run_ids[cp - 1]), provenance.get(self.run_ids[cp]))
+                for cp in self.change_points]
+
 
 @dataclass
 class History:
@@ -189,6 +196,10 @@ class History:
     skipped: list[str] = field(default_factory=list)  # corrupt or unreadable files, named
     rebased: RebaseMark | None = None  # the newest rebase marker: only sessions after it are read
     since_rebase: int = 0  # sessions saved after that marker (``runs`` holds at most ``limit`` of them)
+
+    def provenance(self) -> dict[str, Provenance | None]:
+        """Each session's provenance by run id (None: saved before provenance was recorded)."""
+        return {run.run_id: session_provenance(run) for run in self.runs}
 
     def rebase_note(self) -> str | None:
         """``history of 'main' rebased on 2026-12-01 09:30 UTC: H200 nodes; 1 session(s) since``."""
@@ -251,6 +262,12 @@ def load_history(store: BaselineStore, name: str, limit: int | None = None) -> H
     if not runs and not skipped and mark is None:
         store.latest(name)  # raises BaselineMissing with its advice
     return History(name, runs, skipped, rebased=mark, since_rebase=len(listed) if mark is not None else 0)
+
+
+def session_provenance(run: SavedRun) -> Provenance | None:
+    """The commit a saved session measured and its CI run (None: unknown, as in sessions saved
+    before provenance was recorded)."""
+    return Provenance.from_dict(run.run.get("provenance"))
 
 
 def session_tests(run: SavedRun) -> dict[str, SavedEntry]:
@@ -330,4 +347,4 @@ def open_baseline(store: BaselineStore, name: str, *, history: int = DEFAULT_HIS
 
 
 __all__ = ["DEFAULT_HISTORY", "History", "OpenBaseline", "StatSeries", "change_points", "load_history", "open_baseline",
-           "recent_shift", "run_entries", "session_tests", "session_value"]
+           "recent_shift", "run_entries", "session_provenance", "session_tests", "session_value"]

@@ -1,8 +1,10 @@
 """The saved-run schema, as typed objects, and how a measured run becomes an entry of it.
 
-A saved session is ``{"plugin_version", "created_at", "tests": {key: entry}, "launches"}`` where
-``launches`` (``{"count", "startup_s": [...]}``, absent when the server was not launched here and in
-sessions saved before it) records the session's server launches and ``key`` is
+A saved session is ``{"plugin_version", "created_at", "tests": {key: entry}, "launches", "provenance"}``
+where ``launches`` (``{"count", "startup_s": [...]}``, absent when the server was not launched here and in
+sessions saved before it) records the session's server launches, ``provenance`` the commit the
+session measured and the CI run that measured it (:mod:`pytest_llmperf.provenance`; absent in
+sessions saved before it: unknown), and ``key`` is
 ``<pytest node id>#<run index>`` (a test may run several workloads; capacity searches are
 ``#capacity<n>``) and ``entry`` holds the run's fingerprint, workload, SLO (and per-request-type
 SLOs, ``type_slos``), pooled summary and, per trial, the gated statistics plus compact per-request
@@ -33,6 +35,7 @@ from pytest_llmperf.fingerprint import Fingerprint, FingerprintDict
 from pytest_llmperf.jsonio import JsonFloat
 from pytest_llmperf.metrics import SummaryDict, censored_stat, per_request_samples
 from pytest_llmperf.objectives import SLO, SLODict
+from pytest_llmperf.provenance import ProvenanceDict
 from pytest_llmperf.timeslices import TimeslicesDict
 from pytest_llmperf.workload import WorkloadDict
 
@@ -41,6 +44,7 @@ if TYPE_CHECKING:
 
     from pytest_llmperf.capacity import CapacityResult
     from pytest_llmperf.metrics import Summary
+    from pytest_llmperf.provenance import Provenance
     from pytest_llmperf.records import RequestRecord
     from pytest_llmperf.results import RunResult, TrialResult
     from pytest_llmperf.telemetry.gpu import GpuInventory
@@ -101,6 +105,7 @@ class _SavedSessionBase(TypedDict):
 
 class SavedSession(_SavedSessionBase, total=False):
     launches: LaunchRecord  # absent in sessions saved before launches were recorded, or by URL
+    provenance: ProvenanceDict  # absent in sessions saved before provenance was recorded: unknown
 
 
 def is_capacity(entry: SavedEntry) -> bool:
@@ -305,9 +310,11 @@ def run_entry(result: RunResult, fingerprint: Fingerprint, type_slos: Sequence[S
     )
 
 
-def session_document(entries: Mapping[str, SavedEntry], launches: Sequence[float] | None = None) -> SavedSession:
+def session_document(entries: Mapping[str, SavedEntry], launches: Sequence[float] | None = None,
+                     provenance: Provenance | None = None) -> SavedSession:
     """A saved session; ``launches``: the start-up time of each server launch, in order (None: the
-    server was not launched here, so no launch record)."""
+    server was not launched here, so no launch record); ``provenance``: the commit measured and the
+    CI run (None or nothing known: no provenance key, which readers take as unknown)."""
     doc: SavedSession = {
         "plugin_version": __version__,
         "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -315,6 +322,8 @@ def session_document(entries: Mapping[str, SavedEntry], launches: Sequence[float
     }
     if launches is not None:
         doc["launches"] = {"count": len(launches), "startup_s": [round(float(s), 3) for s in launches]}
+    if provenance is not None and provenance.known:
+        doc["provenance"] = provenance.to_dict()
     return doc
 
 

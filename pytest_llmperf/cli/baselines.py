@@ -20,6 +20,7 @@ from pytest_llmperf.baseline.sessions import MIN_SESSIONS
 from pytest_llmperf.baseline.store import DEFAULT_ROOT, BaselineCorrupt, BaselineStore, SavedRun, StoreError
 from pytest_llmperf.cli.options import add_shared_argument, option_spec
 from pytest_llmperf.errors import pytest_flag
+from pytest_llmperf.provenance import Provenance
 
 # ---------------------------------------------------------------------- `llmperf baselines`
 
@@ -103,11 +104,14 @@ def _format_list(store: BaselineStore) -> str:
     names = store.names()
     if not names:
         return f"no baselines in {store.baselines_dir} (save one with pytest --llmperf-save NAME)"
-    rows = [("NAME", "RUNS", "LATEST (UTC)", "FINGERPRINT")]
+    rows = [("NAME", "RUNS", "LATEST (UTC)", "COMMIT", "FINGERPRINT")]
     for name in names:
         entries = store.runs(name)
+        commit = "-"
         try:
-            summary = _fingerprint_summary(store.load(entries[0].path).fingerprint)
+            newest = store.load(entries[0].path)
+            summary = _fingerprint_summary(newest.fingerprint)
+            commit = _commit_summary(Provenance.from_dict(newest.run.get("provenance")))
         except FileNotFoundError:
             summary = "(deleted while listing)"
         except StoreError:
@@ -116,11 +120,18 @@ def _format_list(store: BaselineStore) -> str:
         mark = store.latest_rebase(name)
         if mark is not None:
             runs += f" ({sum(mark.keeps(e.run_id) for e in entries)} since rebase {mark.created_at:%Y-%m-%d})"
-        rows.append((name, runs, entries[0].saved_at.strftime("%Y-%m-%d %H:%M:%S"), summary))
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+        rows.append((name, runs, entries[0].saved_at.strftime("%Y-%m-%d %H:%M:%S"), commit, summary))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
     return "\n".join(
-        "  ".join(cell.ljust(widths[i]) if i < 3 else cell for i, cell in enumerate(row)).rstrip() for row in rows
+        "  ".join(cell.ljust(widths[i]) if i < 4 else cell for i, cell in enumerate(row)).rstrip() for row in rows
     )
+
+
+def _commit_summary(p: Provenance | None) -> str:
+    """``0123456789 main`` (``*`` after the commit: uncommitted changes); ``-`` when unknown."""
+    if p is None or p.commit is None:
+        return "-"
+    return f"{p.short}{'*' if p.dirty else ''}" + (f" {p.branch}" if p.branch else "")
 
 
 def _fingerprint_summary(fp: Mapping[str, object] | None) -> str:
@@ -144,6 +155,12 @@ def _format_show(saved: SavedRun) -> str:
     ]
     if saved.fingerprint is not None:
         lines.append(f"env        {_fingerprint_summary(saved.fingerprint)}")
+    provenance = Provenance.from_dict(saved.run.get("provenance"))
+    if provenance is not None:
+        lines.append(f"measured   {provenance.describe()}")
+        for label, url in (("commit url", provenance.commit_url), ("ci run", provenance.run_url)):
+            if url:
+                lines.append(f"{label:<10} {url}")
     lines.append("")
     lines.extend(_render(saved.run, 0))
     return "\n".join(lines)

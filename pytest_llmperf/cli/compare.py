@@ -42,6 +42,7 @@ from pytest_llmperf.defaults import DEFAULT_HISTORY
 from pytest_llmperf.errors import InputError, cli_flag, pytest_flag
 from pytest_llmperf.fingerprint import FingerprintError, FingerprintMismatch
 from pytest_llmperf.objectives import SLOError
+from pytest_llmperf.provenance import Provenance
 from pytest_llmperf.report.terminal import verdict_lines
 from pytest_llmperf.stats import DEFAULT_ALPHA, DEFAULT_TOLERANCE, Comparison
 
@@ -71,6 +72,7 @@ class RunSource:
     sessions: list[dict[str, SavedEntry]] = field(default_factory=list)
     session_ids: list[str] = field(default_factory=list)
     rebase_note: str | None = None  # the baseline name's history was started anew (History.rebase_note)
+    provenance: Provenance | None = None  # the commit the run measured (its newest, for a name)
 
     def history(self) -> tuple[list[dict[str, SavedEntry]], list[str]]:
         if self.sessions:
@@ -131,20 +133,23 @@ def load_side(spec: str, store: BaselineStore, history: int = 1, *, baseline: bo
             saved = load_run(path)
         except FileNotFoundError:
             raise CompareError(f"{spec}: no such file") from None
-        return RunSource(spec, path, entries_from_document(saved.run, path))
+        return RunSource(spec, path, entries_from_document(saved.run, path),
+                         provenance=Provenance.from_dict(saved.run.get("provenance")))
     if path.is_dir():
         raise CompareError(f"{spec}: is a directory; give a baseline name or a saved run file (.json.gz or .json)")
     # Store errors (missing name, corrupt or malformed newest file, bad name) carry their own
     # clear message. The baseline is opened as the plugin opens --llmperf-baseline.
     if not baseline:
         newest = store.latest(spec)
-        return RunSource(spec, newest.path, run_entries(newest.run, newest.path), name=spec)
+        return RunSource(spec, newest.path, run_entries(newest.run, newest.path), name=spec,
+                         provenance=Provenance.from_dict(newest.run.get("provenance")))
     opened = open_baseline(store, spec, history=history)
     if not opened.sessions:
         raise CompareError(f"baseline {spec!r}: {opened.rebase_note()}: nothing to compare with yet",
                            remedy=f"save a session on the new setup with {{flag}} {spec}", option="save")
     return RunSource(spec, opened.newest.path, opened.entries, name=spec, sessions=opened.sessions,
-                     session_ids=opened.session_ids, rebase_note=opened.rebase_note())
+                     session_ids=opened.session_ids, rebase_note=opened.rebase_note(),
+                     provenance=Provenance.from_dict(opened.newest.run.get("provenance")))
 
 
 def entries_from_document(doc: Any, path: StorePath) -> dict[str, SavedEntry]:
@@ -298,6 +303,8 @@ def report_document(result: CompareResult, baseline: RunSource, candidate: RunSo
         history_note=baseline.rebase_note,
         # The renderers say "strict: inconclusive fails" and count failures accordingly.
         strict=result.strict,
+        provenance=candidate.provenance,
+        baseline_provenance=baseline.provenance,
     )
 
 

@@ -22,16 +22,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from pytest_llmperf import jsonio
-from pytest_llmperf.baseline.history import DEFAULT_HISTORY, load_history, session_tests
+from pytest_llmperf.baseline.history import DEFAULT_HISTORY, load_history, session_provenance, session_tests
 from pytest_llmperf.baseline.store import DEFAULT_ROOT, BaselineStore, RebaseMarkDict, StoreError
 from pytest_llmperf.cli.options import add_shared_argument
 from pytest_llmperf.errors import pytest_flag
 from pytest_llmperf.formatting import fmt_number, table
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
 
     from pytest_llmperf.baseline.history import History, StatSeries
+    from pytest_llmperf.provenance import Provenance
 
 PROG = "llmperf history"
 
@@ -40,6 +41,16 @@ def _short(key: str) -> str:
     nodeid, _, index = key.rpartition("#")
     name = (nodeid or key).split("::")[-1]
     return name if index in ("", "0") else f"{name} #{index}"
+
+
+def format_ranges(series: StatSeries, provenance: Mapping[str, Provenance | None]) -> list[str]:
+    """Per change point, the commits it lies in and the bisect command that starts from them."""
+    lines = []
+    for cp, span in zip(series.change_points, series.change_ranges(provenance)):
+        line = f"change at session {cp + 1} of {len(series.values)}: commits {span.describe()}"
+        command = span.bisect_command()
+        lines.append(line + (f" (bisect: {command})" if command else " (commits not recorded)"))
+    return lines
 
 
 def format_series(series: StatSeries) -> str:
@@ -184,16 +195,26 @@ def history_main(argv: Sequence[str]) -> int:
         report = noise_report(history)
         print(jsonio.dumps(report, indent=2) if args.json else _with_rebase(history, format_noise(report)))
     elif args.json:
+        provenance = history.provenance()
         doc = {"name": args.name, "sessions": len(history.runs),
                "rebased": history.rebased.to_dict() if history.rebased is not None else None,
+               "session_list": [{"run_id": run.run_id, "saved_at": run.saved_at.isoformat(),
+                                 "provenance": _provenance_json(provenance[run.run_id])}
+                                for run in reversed(history.runs)],
                "series": [{"key": s.key, "stat": s.stat, "run_ids": s.run_ids, "values": s.values,
-                           "change_points": s.change_points} for s in series]}
+                           "change_points": s.change_points,
+                           "change_ranges": [{"good": _provenance_json(r.good), "bad": _provenance_json(r.bad),
+                                              "range": r.describe(), "bisect": r.bisect_command()}
+                                             for r in s.change_ranges(provenance)]} for s in series]}
         print(jsonio.dumps(doc, indent=2))
     else:
-        print(_with_rebase(history, f"{args.name}: {len(history.runs)} sessions, oldest first; "
+        provenance = history.provenance()
+        print(_with_rebase(history, f"{args.name}: {len(history.runs)} sessions, oldest first{_span(history)}; "
                                     "'|' marks a change point"))
         for s in series:
             print("  " + format_series(s))
+            for line in format_ranges(s, provenance):
+                print("      " + line)
     if args.plot is not None:
         try:
             from pytest_llmperf.report.trend import write_trend_plot
@@ -204,6 +225,21 @@ def history_main(argv: Sequence[str]) -> int:
         path = write_trend_plot(series, args.plot, title=f"{args.name}: gated statistics per session")
         print(f"wrote {path}", file=sys.stderr if args.json else sys.stdout)  # stdout stays one JSON document
     return 0
+
+
+def _provenance_json(p: Provenance | None) -> dict[str, object] | None:
+    return dict(p.to_dict()) if p is not None else None
+
+
+def _span(history: History) -> str:
+    """`` (commits 0123456789 .. abcdef0123)``: the oldest and newest session's commits, when recorded."""
+    if not history.runs:
+        return ""
+    oldest, newest = session_provenance(history.runs[-1]), session_provenance(history.runs[0])
+    if (oldest is None or oldest.commit is None) and (newest is None or newest.commit is None):
+        return ""
+    ends = [p.short if p is not None and p.commit else "?" for p in (oldest, newest)]
+    return f" (commits {ends[0]} .. {ends[1]})"
 
 
 def _with_rebase(history: History, text: str) -> str:

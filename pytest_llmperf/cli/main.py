@@ -1,4 +1,5 @@
-"""The ``llmperf`` command: ``sim``, ``run``, ``compare``, ``baselines``, ``history`` and ``convert``.
+"""The ``llmperf`` command: ``sim``, ``run``, ``compare``, ``baselines``, ``history``, ``dashboard``
+and ``convert``.
 
 Exit codes: 0 success, 1 a regression / breached SLO, 2 a usage or data error (one line on stderr).
 """
@@ -22,12 +23,14 @@ USAGE_ERROR = 2
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llmperf", description="LLM-inference performance: simulate, measure, compare.")
     parser.add_argument("--version", action="version", version=f"pytest-llmperf {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="{sim,run,compare,baselines,history,convert}")
+    sub = parser.add_subparsers(dest="command", metavar="{sim,run,compare,baselines,history,dashboard,convert}")
     sub.add_parser("sim", help="serve the built-in OpenAI-compatible simulator (llmperf sim --help)", add_help=False)
     add_run_parser(sub)
     sub.add_parser("compare", help="compare two saved runs and print verdicts (llmperf compare --help)", add_help=False)
     sub.add_parser("baselines", help="list, show, delete or rebase saved baselines (llmperf baselines --help)", add_help=False)
     sub.add_parser("history", help="gated statistics over a baseline's sessions, change points marked", add_help=False)
+    sub.add_parser("dashboard", help="a static site of a baseline's history and of gated runs (llmperf dashboard --help)",
+                   add_help=False)
     sub.add_parser("convert", help="turn an engine's CI perf definitions into gated suites (llmperf convert vllm "
                    "FILE --out DIR)", add_help=False)
     return parser
@@ -48,6 +51,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from pytest_llmperf.cli.history import history_main
 
         return history_main(argv[1:])
+    if argv and argv[0] == "dashboard":
+        from pytest_llmperf.cli.dashboard import dashboard_main
+
+        return dashboard_main(argv[1:])
     if argv and argv[0] == "convert":
         from pytest_llmperf.cli.convert import convert_main
 

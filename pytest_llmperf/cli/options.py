@@ -189,6 +189,10 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("throttle", "a trial whose local GPU throttled for heat or power: invalid (not gated, the default) "
                "or warn (gated, with a warning)", "invalid", choices=("invalid", "warn")),
     OptionSpec("timeslice", "seconds per timeslice of the per-interval series in the reports (default 5)", 5.0, _positive_float),
+    OptionSpec("revision", "what this session measures, when it is not the suite's own git checkout (an engine "
+               "built from another repository): a commit or version, or key=value pairs commit=,branch=,time=,repo=,"
+               "run=,pr= (comma-separated); saved with the run and shown in the reports (default: read from git "
+               "and the CI's environment)"),
     OptionSpec("plots", "draw the report's plots (PNG and SVG; needs pytest-llmperf[plots]): on (the default), or off "
                "for a job that does not keep them (each session saves a second or more)", "on", choices=("on", "off")),
 )
@@ -234,6 +238,7 @@ class LLMPerfOptions:
     ray_workers: int | None
     throttle: str
     timeslice: float
+    revision: str | None
     plots: str
 
     @property

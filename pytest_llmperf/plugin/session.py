@@ -31,6 +31,7 @@ from pytest_llmperf.objectives import SLOCheck, SLOCheckDict
 from pytest_llmperf.plugin import distributed
 from pytest_llmperf.plugin.launch_plan import LaunchPlan
 from pytest_llmperf.plugin.state import SLO_KEY, is_perf_item, nodeid_of
+from pytest_llmperf.provenance import Provenance, RevisionError, detect, parse_revision
 from pytest_llmperf.servers.manager import ServerConfig, ServerInfo, ServerManager, ServerUnavailable
 from pytest_llmperf.servers.pair import CANDIDATE, REFERENCE, ServerPair, SideFailed
 from pytest_llmperf.servers.process import ProcessReaper
@@ -83,6 +84,11 @@ class LLMPerfSession:
         except OptionError as exc:
             raise pytest.UsageError(str(exc)) from None
         self.api_key = api_key
+        try:
+            self.revision = parse_revision(options.revision)
+        except RevisionError as exc:
+            raise pytest.UsageError(f"--llmperf-revision {options.revision!r}: {exc}") from None
+        self._provenance: Provenance | None = None
         self.servers = ServerManager(
             ServerConfig(
                 preset=options.server,
@@ -128,6 +134,7 @@ class LLMPerfSession:
         self.reach_notes: list[str] = []
         self.baseline_source: str | None = None
         self.history_note: str | None = None  # the baseline's history was rebased: when and why
+        self.baseline_provenance: Provenance | None = None  # the commit the baseline's newest session measured
         self.entries: dict[str, SavedEntry] = {}
         self.late_regressions: list[str] = []
         self.saved_path: str | None = None
@@ -372,6 +379,7 @@ class LLMPerfSession:
         if not baseline.sessions:
             return  # rebased, and no session saved since: no baseline yet
         self.baseline_source = str(baseline.newest.path)
+        self.baseline_provenance = Provenance.from_dict(baseline.newest.run.get("provenance"))
         settings = GateSettings(tolerance=opts.tolerance, alpha=opts.alpha, allow=tuple(opts.allowed_diffs),
                                 strict=opts.strict)
         self.gate = GateSession.from_sessions(baseline.sessions, settings, session_ids=baseline.session_ids,
@@ -447,6 +455,14 @@ class LLMPerfSession:
                 extra.setdefault(str(key), value)
         return extra
 
+    @property
+    def provenance(self) -> Provenance:
+        """What the session measured (commit, branch, CI run), read once: --llmperf-revision, git
+        where the suite runs (pytest's rootdir), the CI's environment (pytest_llmperf.provenance)."""
+        if self._provenance is None:
+            self._provenance = detect(self.config.rootpath, manual=self.revision)
+        return self._provenance
+
     # ------------------------------------------------------------------ pytest-xdist
 
     def worker_payload(self, summary: SummaryLines) -> str:
@@ -516,7 +532,7 @@ class LLMPerfSession:
             record = self.launch_record()
             try:
                 path = self.store.save(self.options.save, session_document(
-                    self.entries, record["startup_s"] if record is not None else None))
+                    self.entries, record["startup_s"] if record is not None else None, self.provenance))
                 self.saved_path = str(path)
             except StoreError as exc:
                 self.save_error = exc.render(pytest_flag)
@@ -575,6 +591,8 @@ class LLMPerfSession:
             launches=self.launches_doc(),
             history_note=self.history_note if reference is None else None,
             strict=self.options.strict,
+            provenance=self.provenance,
+            baseline_provenance=self.baseline_provenance if reference is None else None,
         )
 
     def write_reports(self) -> None:

@@ -109,7 +109,7 @@ def _write_verdicts(tr: Any, session: LLMPerfSession) -> None:
     for message in session.late_regressions:
         tr.write_line(f"REGRESSED after Holm correction across the session: {message}")
     if session.saved_path:
-        tr.write_line(f"saved baseline {opts.save!r}: {session.saved_path}")
+        tr.write_line(f"saved baseline {opts.save!r}: {session.saved_path} ({session.provenance.describe()})")
         for line in unjudgeable(session.entries):
             tr.write_line(f"  this baseline cannot gate {line}")
     if session.save_error:

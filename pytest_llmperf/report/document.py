@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from pytest_llmperf.baseline.schema import SavedEntry
     from pytest_llmperf.metrics import Summary
     from pytest_llmperf.objectives import SLOCheck
+    from pytest_llmperf.provenance import Provenance
     from pytest_llmperf.report.model import LaunchReport, ReferenceReport, ServerReport
 
 __all__ = ["SCHEMA_VERSION", "build_document"]
@@ -48,6 +49,8 @@ def build_document(
     launches: LaunchReport | None = None,
     history_note: str | None = None,
     strict: bool = False,
+    provenance: Provenance | None = None,
+    baseline_provenance: Provenance | None = None,
 ) -> ReportDocument:
     """Assemble the report from run entries (``baseline.schema.run_entry``) keyed ``<nodeid>#<i>``.
 
@@ -55,7 +58,9 @@ def build_document(
     summary and trials are shown). ``reference``: in A/B mode, what the baseline is (the reference
     server measured in the same session); the baseline entries are then the reference's runs.
     ``history_note``: what a stored baseline's history says of itself (``History.rebase_note``:
-    started anew on purpose, and when). ``strict``: INCONCLUSIVE fails. Raises
+    started anew on purpose, and when). ``strict``: INCONCLUSIVE fails. ``provenance``: the commit
+    the session measured and its CI run; ``baseline_provenance``: the commit of the stored
+    baseline's newest session. Raises
     :class:`~pytest_llmperf.report.model.ReportFormatError` on an entry that is not a run entry.
     """
     comparisons = comparisons or {}
@@ -88,8 +93,9 @@ def build_document(
         tests=tests,
         server=server,
         launches=launches,
-        baseline=_baseline(baseline_name, baseline_source, reference, history_note),
+        baseline=_baseline(baseline_name, baseline_source, reference, history_note, baseline_provenance),
         strict=strict,
+        provenance=provenance if provenance is not None and provenance.known else None,
     )
 
 
@@ -106,7 +112,8 @@ def _baseline_side(key: str, entry: SavedEntry) -> tuple[Summary | None, tuple[T
 
 
 def _baseline(name: str | None, source: str | None, reference: ReferenceReport | None,
-              history_note: str | None = None) -> BaselineReport | None:
+              history_note: str | None = None, provenance: Provenance | None = None) -> BaselineReport | None:
     if not name:
         return None
-    return BaselineReport(name=name, source=source, reference=reference, history=history_note or None)
+    return BaselineReport(name=name, source=source, reference=reference, history=history_note or None,
+                          provenance=provenance if provenance is not None and provenance.known else None)

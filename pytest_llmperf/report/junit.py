@@ -64,7 +64,7 @@ def build_suites(doc: ReportDocument) -> list[TestSuite]:
             f"{test.nodeid} [{run.label}]",
             cases,
             timestamp=doc.created_at,
-            properties=_properties(run, baseline),
+            properties={**_properties(run, baseline), **_provenance_properties(doc)},
         ))
     return suites
 
@@ -147,6 +147,16 @@ def _properties(run: RunReport, baseline: str | None) -> dict[str, str]:
         props["llmperf.valid"] = s.validity.valid
     props["llmperf.trials"] = len(run.trials)
     return {k: _prop(v) for k, v in props.items() if v is not None}
+
+
+def _provenance_properties(doc: ReportDocument) -> dict[str, str]:
+    """What the session measured: ``llmperf.commit``, ``llmperf.branch``, ``llmperf.run_url``..."""
+    p = doc.provenance
+    if p is None:
+        return {}
+    values = {"commit": p.commit, "branch": p.branch, "commit_time": p.commit_time, "commit_url": p.commit_url,
+              "run_url": p.run_url, "pr": p.pr}
+    return {f"llmperf.{k}": _prop(v) for k, v in values.items() if v is not None}
 
 
 def _prop(value: str | float | bool) -> str:

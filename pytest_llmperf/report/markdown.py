@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
     from pytest_llmperf.metrics import Summary
     from pytest_llmperf.objectives import SLOCheck
+    from pytest_llmperf.provenance import Provenance
     from pytest_llmperf.report.model import LaunchReport, ReportDocument, RunReport, TestReport
     from pytest_llmperf.report.plots import PlotFiles
     from pytest_llmperf.stats import Comparison
@@ -251,8 +252,34 @@ def _launches_bit(launches: LaunchReport | None) -> str | None:
             f"start-up {launches.total_startup_s:.1f} s in all" + (f" ({each} s)" if each else "") + ", not measured as load")
 
 
+def provenance_bit(p: Provenance | None) -> str | None:
+    """``commit [0123456789](url) on `main`, 2026-11-01 10:00 UTC, PR #12, [CI run](url)``; None when unknown."""
+    if p is None or not p.known:
+        return None
+    from pytest_llmperf.provenance import format_time
+
+    parts = []
+    if p.commit is not None:
+        commit = f"[`{p.short}`]({p.commit_url})" if p.commit_url else f"`{p.short}`"
+        parts.append(f"commit {commit}" + (" (uncommitted changes)" if p.dirty else "")
+                     + (f" on `{p.branch}`" if p.branch else ""))
+    elif p.branch:
+        parts.append(f"branch `{p.branch}`")
+    when = format_time(p.commit_time)
+    if when:
+        parts.append(when)
+    if p.pr is not None:
+        parts.append(f"PR #{p.pr}")
+    if p.run_url:
+        parts.append(f"[CI run]({p.run_url})")
+    return ", ".join(parts) or None
+
+
 def _context_line(doc: ReportDocument) -> str:
     bits = []
+    measured = provenance_bit(doc.provenance)
+    if measured:
+        bits.append(measured)
     server = doc.server
     if server is not None:
         bits.append(f"server {server.engine or '?'}" + (f" serving `{server.model}`" if server.model else ""))
@@ -267,7 +294,9 @@ def _context_line(doc: ReportDocument) -> str:
         if reference.stopped:
             bits.append(f"{FAIL} **stopped, no verdict**: {reference.stopped}")
     elif baseline is not None:
-        bits.append(f"baseline `{baseline.name}`" + (f" ({baseline.source})" if baseline.source else ""))
+        at = baseline.provenance.short if baseline.provenance is not None else None
+        bits.append(f"baseline `{baseline.name}`" + (f" at `{at}`" if at else "")
+                    + (f" ({baseline.source})" if baseline.source else ""))
     # An error rate's tolerance is in percentage points of its own baseline rate: not the session's.
     first = next((v for _, r in doc.runs() for v in r.verdicts if v.mode != "counts"), None)
     if first is not None and math.isfinite(first.alpha) and math.isfinite(first.tolerance):

@@ -12,10 +12,13 @@ Shape::
 
     ReportDocument  created_at, plugin_version, strict (INCONCLUSIVE fails), and derived from the
                     verdicts: counts {verdict: n}, headline ("1 regression, 5 unchanged")
+      provenance Provenance | None        the commit measured, its branch and time, the CI run
+                                          (pytest_llmperf.provenance; None: unknown)
       server     ServerReport | None      preset, version, model, base_url, startup_s, launched
       launches   LaunchReport | None      count, startup_s (each launch), total_startup_s,
                                           blocks and by_side {"candidate": [...], "reference": [...]} (A/B)
       baseline   BaselineReport | None    name, source, history (a stored baseline's rebase note),
+                                          provenance (the commit its newest session measured),
                                           reference: ReferenceReport | None (A/B: label, launches,
                                           server, stopped); kind "reference" (A/B) or "stored"
       tests      (TestReport, ...)        nodeid, name, outcome (passed|failed|error|skipped|unknown)
@@ -63,6 +66,7 @@ from pytest_llmperf.errors import InputError
 from pytest_llmperf.jsonio import decode_float
 from pytest_llmperf.metrics import Summary
 from pytest_llmperf.objectives import SLO, SLOCheck
+from pytest_llmperf.provenance import Provenance
 from pytest_llmperf.stats import VERDICTS, Comparison, headline_from_counts
 from pytest_llmperf.timeslices import Timeslices
 
@@ -216,6 +220,13 @@ class JsonReader:
         if not value:
             return None
         return _parsed("summary", self.at(key), Summary.from_dict, value)
+
+    def provenance(self, key: str) -> Provenance | None:
+        """A :class:`Provenance` (null or absent: unknown; fields read leniently, as display data)."""
+        value = self.value(key)
+        if value is not None and not isinstance(value, Mapping):
+            raise self._fail(key, "an object or null", value)
+        return Provenance.from_dict(dict(value)) if value is not None else None
 
     def slo(self, key: str) -> SLO | None:
         """An :class:`SLO` as its marker mapping (null or an empty object: none)."""
@@ -687,6 +698,7 @@ class BaselineReport:
     source: str | None = None
     reference: ReferenceReport | None = None
     history: str | None = None  # a stored baseline's rebase note (History.rebase_note)
+    provenance: Provenance | None = None  # the commit the stored baseline's newest session measured
 
     @property
     def kind(self) -> str:
@@ -712,6 +724,8 @@ class BaselineReport:
             out["reference"] = self.reference.to_json_dict()
         if self.history:
             out["history"] = self.history
+        if self.provenance is not None:
+            out["provenance"] = dict(self.provenance.to_dict())
         return out
 
     @classmethod
@@ -723,7 +737,7 @@ class BaselineReport:
         return cls(name=reader.text("name"), source=reader.opt_text("source"),
                    reference=(ReferenceReport.read(reference) if reference is not None
                               else ReferenceReport() if kind == "reference" else None),
-                   history=reader.opt_text("history"))
+                   history=reader.opt_text("history"), provenance=reader.provenance("provenance"))
 
 
 # ---------------------------------------------------------------------- the document
@@ -740,6 +754,7 @@ class ReportDocument:
     baseline: BaselineReport | None = None
     strict: bool = False  # INCONCLUSIVE fails (--llmperf-strict)
     plugin_version: str = __version__
+    provenance: Provenance | None = None  # what the session measured: commit, branch, CI run
 
     def runs(self) -> Iterator[tuple[TestReport, RunReport]]:
         """Every run with its test, in document order."""
@@ -783,6 +798,7 @@ class ReportDocument:
             "launches": self.launches.to_json_dict() if self.launches is not None else None,
             "baseline": self.baseline.to_json_dict() if self.baseline is not None else None,
             "strict": self.strict,
+            "provenance": dict(self.provenance.to_dict()) if self.provenance is not None else None,
             "headline": self.headline,
             "counts": self.counts,
             "tests": [t.to_json_dict(samples=samples) for t in self.tests],
@@ -808,6 +824,7 @@ class ReportDocument:
             baseline=BaselineReport.read(baseline) if baseline is not None else None,
             strict=reader.flag("strict", False),
             plugin_version=reader.text("plugin_version"),
+            provenance=reader.provenance("provenance"),
         )
 
 
