@@ -25,6 +25,9 @@ slice. Each request is assigned by the moment of the event a column describes:
   the chunk's arrival time; a request without chunks counts ``output_tokens`` at ``end_s``. The
   client spreads a request's usage count over its chunks, so the slices' tokens normally add up to
   the Summary's ``output_tokens_total`` (and their length-weighted mean to its throughput);
+- ``e2e_p50_s``, ``e2e_p95_s``: end-to-end latency of the successful requests that completed in
+  the slice; ``input_throughput_tps`` = their prompt tokens (the server's count) / slice length:
+  what a pooling kind (embeddings, rerank), which streams no token, is read by;
 - ``requests_running_mean``/``_max``, ``requests_waiting_mean``/``_max``: mean and max of the
   server's ``running``/``waiting`` gauges (vLLM ``vllm:num_requests_running`` and
   ``vllm:num_requests_waiting``, or another engine's equivalent) over the ``/metrics`` scrapes
@@ -83,10 +86,14 @@ class _TimeslicesDictBase(TypedDict):
 
 
 class TimeslicesDict(_TimeslicesDictBase, total=False):
-    """:meth:`Timeslices.to_dict`: the columns as lists (a missing gauge flag reads as False)."""
+    """:meth:`Timeslices.to_dict`: the columns as lists (a missing gauge flag reads as False; the
+    end-to-end and input columns are absent in files written before them: read as empty)."""
 
     gauges_available: bool
     gauges_reason: str | None
+    e2e_p50_s: list[float | None]
+    e2e_p95_s: list[float | None]
+    input_throughput_tps: list[float]
 
 
 @dataclass(frozen=True)
@@ -111,6 +118,10 @@ class Timeslices:
     gauges_available: bool = False
     # Why the gauge columns are empty (no /metrics, an engine without the gauges); None when available.
     gauges_reason: str | None = None
+    # Empty (no slice) in timeslices read from files written before these columns existed.
+    e2e_p50_s: tuple[float | None, ...] = ()
+    e2e_p95_s: tuple[float | None, ...] = ()
+    input_throughput_tps: tuple[float, ...] = ()
 
     def __len__(self) -> int:
         return len(self.start_s)
@@ -126,6 +137,8 @@ class Timeslices:
             "requests_waiting_mean": list(self.requests_waiting_mean),
             "requests_waiting_max": list(self.requests_waiting_max),
             "gauges_available": self.gauges_available, "gauges_reason": self.gauges_reason,
+            "e2e_p50_s": list(self.e2e_p50_s), "e2e_p95_s": list(self.e2e_p95_s),
+            "input_throughput_tps": list(self.input_throughput_tps),
         }
 
     @classmethod
@@ -154,8 +167,11 @@ class Timeslices:
             requests_waiting_mean=optional(data["requests_waiting_mean"]),
             requests_waiting_max=optional(data["requests_waiting_max"]),
             gauges_available=bool(data.get("gauges_available", False)), gauges_reason=data.get("gauges_reason"),
+            e2e_p50_s=optional(data.get("e2e_p50_s", [])), e2e_p95_s=optional(data.get("e2e_p95_s", [])),
+            input_throughput_tps=floats(data.get("input_throughput_tps", [])),
         )
-        if len({len(getattr(out, f.name)) for f in fields(out) if isinstance(getattr(out, f.name), tuple)}) > 1:
+        lengths = {len(getattr(out, f.name)) for f in fields(out) if isinstance(getattr(out, f.name), tuple)}
+        if len(lengths - {0}) > 1 or len(out.start_s) not in lengths:
             raise InputError("timeslices: columns differ in length")
         return out
 
@@ -206,6 +222,10 @@ def compute_timeslices(
     done = [r for r in ok if r.end_s is not None]
     done_at = slot(np.array([r.end_s for r in done], dtype=float))
     tpots = [(k, r.tpot_s) for k, r in zip(done_at, done) if r.tpot_s is not None]
+    e2e_by = _grouped(done_at, np.array([r.e2e_s for r in done], dtype=float), n)
+    inputs = np.zeros(n)
+    in_window = done_at >= 0
+    np.add.at(inputs, done_at[in_window], np.array([float(r.prompt_tokens or 0) for r in done])[in_window])
     failed_at = slot(np.array([r.end_s if r.end_s is not None else r.sent_s for r in bad], dtype=float))
 
     token_times: list[np.ndarray] = []
@@ -253,6 +273,9 @@ def compute_timeslices(
         requests_waiting_max=tuple(_stat(v, np.max) for v in waiting),
         gauges_available=available,
         gauges_reason=None if available else (gauges_reason or "no /metrics scraped for this run"),
+        e2e_p50_s=tuple(_pct(v, 50.0) for v in e2e_by),
+        e2e_p95_s=tuple(_pct(v, 95.0) for v in e2e_by),
+        input_throughput_tps=tuple(float(t / x) if x > 0 else 0.0 for t, x in zip(inputs, lengths)),
     )
 
 

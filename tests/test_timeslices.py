@@ -276,3 +276,27 @@ def test_the_timeslice_plot_is_written_and_says_when_running_waiting_are_not_ava
                        tmp_path / "old").timeslices == {}
     mpl = __import__("pytest_llmperf.report.plots", fromlist=["_matplotlib"])._matplotlib()
     assert timeslice_figure(mpl, "t", run_timeslices(dataclasses.replace(run, trials=()))) is not None
+
+
+def test_pooling_answers_are_sliced_by_completion_with_their_input_tokens():
+    # Embeddings: no chunk, no first token; e2e and the server's prompt count by completion time.
+    records = [RequestRecord(index=i, scheduled_s=i * 1.0, sent_s=i * 1.0, end_s=i * 1.0 + 0.2 + 0.05 * i,
+                             ok=True, prompt_tokens=100, output_tokens=0, inputs=4) for i in range(10)]
+    ts = compute_timeslices(records, (0.0, 10.0), 5.0)
+    assert ts.ttft_p50_s == (None, None) and ts.output_throughput_tps == (0.0, 0.0)
+    assert ts.completed == (5, 5) and ts.input_throughput_tps == (100.0, 100.0)
+    assert ts.e2e_p50_s[0] == pytest.approx(0.3) and ts.e2e_p50_s[1] == pytest.approx(0.55)
+    again = Timeslices.from_dict(ts.to_dict())
+    assert again == ts
+    older = ts.to_dict()
+    for key in ("e2e_p50_s", "e2e_p95_s", "input_throughput_tps"):
+        del older[key]
+    assert Timeslices.from_dict(older).e2e_p50_s == ()  # written before the columns: read as empty
+
+    from pytest_llmperf.report.plots import _matplotlib, timeslice_figure
+
+    mpl = _matplotlib()
+    if mpl is None:
+        pytest.skip("matplotlib is not installed")
+    fig = timeslice_figure(mpl, "embeddings", [ts])
+    assert [ax.get_title() for ax in fig.axes[:3]] == ["E2E", "completed requests", "input throughput"]

@@ -450,7 +450,7 @@ def _plot_links(plots: PlotFiles | None, key: str, base_dir: Path | str | None) 
     if plots is None:
         return ""
     files = plots.runs[key] if key in plots.runs else []
-    links = _links(files, "TTFT/TPOT distributions", base_dir) if files else ""
+    links = _links(files, "latency distributions", base_dir) if files else ""
     slices = plots.timeslices[key] if key in plots.timeslices else []
     over_time = _links(slices, "over time", base_dir) if slices else ""
     return ", ".join(x for x in (links, over_time) if x)

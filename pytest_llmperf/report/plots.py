@@ -301,7 +301,7 @@ def find_sweeps(doc: ReportDocument) -> list[Sweep]:
 def latency_figure(mpl: Any, title: str, run: RunReport,
                    series: Mapping[str, tuple[np.ndarray, np.ndarray]], baseline: str) -> Any:
     labels = {"ttft_s": "TTFT", "tpot_s": "TPOT", "e2e_s": "E2E"}
-    fig = mpl.Figure(figsize=(10 if len(series) > 1 else 5.5, 4))
+    fig = mpl.Figure(figsize=(10 if len(series) > 1 else 6.5, 4))
     mpl.Canvas(fig)
     axes = np.atleast_1d(fig.subplots(1, len(series)))
     slo = run.slo
@@ -338,13 +338,17 @@ def latency_figure(mpl: Any, title: str, run: RunReport,
         ax.grid(True, alpha=0.3)
     fig.suptitle(_short(title, 110), fontsize=10)
     _layout(fig)
+    if len(series) == 1:
+        fig.subplots_adjust(left=0.12)  # one panel: the same label needs a larger share of a narrower figure
     return fig
 
 
 def timeslice_figure(mpl: Any, title: str, trials: Sequence[Timeslices]) -> Any:
     """Four panels over time, one step per slice: TTFT p50/p95, TPOT p50, output tokens/s (and
-    failed requests per slice), running/waiting requests (mean per slice, max dotted). Several
-    trials are drawn end to end, as the pooled summary counts them, with a line between trials."""
+    failed requests per slice), running/waiting requests (mean per slice, max dotted). A pooling
+    kind's run (embeddings, rerank: no first token in any slice, but completions) shows E2E
+    p50/p95, completed requests/s and input tokens/s instead. Several trials are drawn end to end,
+    as the pooled summary counts them, with a line between trials."""
     fig = mpl.Figure(figsize=(10, 6.5))
     mpl.Canvas(fig)
     (ax_ttft, ax_tpot), (ax_tps, ax_queue) = fig.subplots(2, 2, sharex=True)
@@ -370,13 +374,26 @@ def timeslice_figure(mpl: Any, title: str, trials: Sequence[Timeslices]) -> Any:
     def empty(ax: Any, text: str) -> None:
         ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, fontsize=9, wrap=True)
 
-    p95 = steps(ax_ttft, "ttft_p95_s", 1e3, color=CANDIDATE_COLOR, label="p95")
-    p50 = steps(ax_ttft, "ttft_p50_s", 1e3, color=CANDIDATE_COLOR, linestyle="--", label="p50")
-    if not (p95 or p50):
-        empty(ax_ttft, "no first token in any slice")
-    if not steps(ax_tpot, "tpot_p50_s", 1e3, color=CANDIDATE_COLOR, label="p50"):
-        empty(ax_tpot, "no completion in any slice")
-    steps(ax_tps, "output_throughput_tps", color=CANDIDATE_COLOR, label="output tokens/s")
+    streamed = any(v is not None for ts in trials for v in ts.ttft_p50_s)
+    pooled = not streamed and any(v is not None for ts in trials for v in ts.e2e_p50_s)
+    names = (("E2E", "ms"), ("completed requests", "requests/s"), ("input throughput", "tokens/s")) if pooled else (
+        ("TTFT", "ms"), ("TPOT", "ms"), ("output throughput", "tokens/s"))
+    if pooled:
+        steps(ax_ttft, "e2e_p95_s", 1e3, color=CANDIDATE_COLOR, label="p95")
+        steps(ax_ttft, "e2e_p50_s", 1e3, color=CANDIDATE_COLOR, linestyle="--", label="p50")
+        for ts, x in zip(trials, edges):
+            rate = np.asarray(ts.completed, dtype=float) / np.maximum(np.asarray(ts.length_s, dtype=float), 1e-9)
+            ax_tpot.step(x, np.append(rate, rate[-1]) if rate.size else x[:0], where="post", color=CANDIDATE_COLOR,
+                         linewidth=1.5)
+        steps(ax_tps, "input_throughput_tps", color=CANDIDATE_COLOR, label="input tokens/s")
+    else:
+        p95 = steps(ax_ttft, "ttft_p95_s", 1e3, color=CANDIDATE_COLOR, label="p95")
+        p50 = steps(ax_ttft, "ttft_p50_s", 1e3, color=CANDIDATE_COLOR, linestyle="--", label="p50")
+        if not (p95 or p50):
+            empty(ax_ttft, "no first token in any slice")
+        if not steps(ax_tpot, "tpot_p50_s", 1e3, color=CANDIDATE_COLOR, label="p50"):
+            empty(ax_tpot, "no completion in any slice")
+        steps(ax_tps, "output_throughput_tps", color=CANDIDATE_COLOR, label="output tokens/s")
     failed = [(x[:-1] + np.asarray(ts.length_s) / 2, np.asarray(ts.failed)) for ts, x in zip(trials, edges)]
     if any(f.sum() for _, f in failed):
         # Only slices with failures get a marker: a row of zeros would hide the few that matter.
@@ -397,8 +414,7 @@ def timeslice_figure(mpl: Any, title: str, trials: Sequence[Timeslices]) -> Any:
     else:
         reason = next((ts.gauges_reason for ts in trials if ts.gauges_reason), None)
         empty(ax_queue, "running/waiting requests not available" + (f":\n{_short(reason, 70)}" if reason else ""))
-    for ax, name, unit in ((ax_ttft, "TTFT", "ms"), (ax_tpot, "TPOT", "ms"),
-                           (ax_tps, "output throughput", "tokens/s"), (ax_queue, "server requests", "requests")):
+    for ax, (name, unit) in zip((ax_ttft, ax_tpot, ax_tps, ax_queue), (*names, ("server requests", "requests"))):
         ax.set_title(name, fontsize=10, y=TITLE_Y)
         ax.set_ylabel(unit)
         entries = len(ax.get_legend_handles_labels()[0])
