@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, TypedDict
 
 import numpy as np
 
@@ -19,16 +19,33 @@ from pytest_llmperf.metrics import Summary, summarize
 from pytest_llmperf.records import PHASE_MEASURE, RequestRecord
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
 
     from pytest_llmperf.cache_check import CacheCheck
-    from pytest_llmperf.load.prompts import TokenModelDict
-    from pytest_llmperf.load.ray_load import RayRun
     from pytest_llmperf.objectives import SLO, SLOCheck
     from pytest_llmperf.telemetry.gpu import GpuTelemetry
     from pytest_llmperf.telemetry.server import ServerTelemetry
     from pytest_llmperf.timeslices import Timeslices
     from pytest_llmperf.workload import Workload
+
+
+class TokenModelDict(TypedDict):
+    """The prompt builder's fitted token model (``load.prompts.TokenModel.to_dict``): tokens =
+    slope · words + overhead, and where the line came from."""
+
+    slope: float
+    overhead: float
+    source: str
+    vocab_size: int
+
+
+class DistributedLoad(Protocol):
+    """A trial whose load came from elsewhere than this process (a Ray cluster,
+    ``load.ray_load.RayRun``): what the results read of it."""
+
+    reasons: list[str]
+
+    def to_dict(self) -> Mapping[str, object]: ...
 
 
 @dataclass
@@ -53,7 +70,7 @@ class TrialResult:
     rerun_reasons: list[str] = field(default_factory=list)
     # Load from several machines (Ray): where each share ran, each node's clock offset to the
     # driver and any share that went missing; None for one machine.
-    distributed: RayRun | None = None
+    distributed: DistributedLoad | None = None
     # Why the trial is invalid beyond what its records show (a lost node, an untrusted clock);
     # already in ``summary.validity``, kept here so pooled summaries keep them too.
     invalid_reasons: list[str] = field(default_factory=list)

@@ -30,7 +30,8 @@ from pytest_llmperf.dashboard.figures import display_scale, safe_url, session_la
 from pytest_llmperf.formatting import fmt_pct, fmt_value
 from pytest_llmperf.provenance import format_time
 from pytest_llmperf.report.files import atomic_write_text
-from pytest_llmperf.report.markdown import build_rows, headline, run_names
+from pytest_llmperf.report.markdown import build_rows, headline
+from pytest_llmperf.report.model import run_names
 from pytest_llmperf.report.plots import safe_stem
 
 if TYPE_CHECKING:

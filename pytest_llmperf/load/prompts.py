@@ -29,7 +29,7 @@ import asyncio
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, TypedDict
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -41,6 +41,7 @@ from pytest_llmperf.traffic.images import ImageDraw, data_url, render
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
+    from pytest_llmperf.results import TokenModelDict
     from pytest_llmperf.traffic.images import ImageSpec
     from pytest_llmperf.workload import RequestType, Workload
 
@@ -69,15 +70,6 @@ class TokenCounter(Protocol):
     """What calibration needs from the client."""
 
     async def tokenize(self, text: str | None = None, messages: list | None = None) -> list[int] | None: ...
-
-
-class TokenModelDict(TypedDict):
-    """:meth:`TokenModel.to_dict`: the fitted line and where it came from."""
-
-    slope: float
-    overhead: float
-    source: str
-    vocab_size: int
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from junit_xml import TestCase, TestSuite, to_xml_report_string
 
 from pytest_llmperf.formatting import fmt_value
-from pytest_llmperf.report.markdown import run_names
+from pytest_llmperf.report.model import run_names
 from pytest_llmperf.stats import Verdict
 
 if TYPE_CHECKING:

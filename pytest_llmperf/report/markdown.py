@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from pytest_llmperf.errors import InputError
 from pytest_llmperf.formatting import fmt_pct, fmt_tolerance, fmt_value
+from pytest_llmperf.report.model import run_names
 from pytest_llmperf.report.terminal import kind_line
 from pytest_llmperf.stats import Verdict, tolerance_bounds
 
@@ -31,7 +32,6 @@ if TYPE_CHECKING:
     from pytest_llmperf.stats import Comparison
 
 GITHUB_COMMENT_LIMIT = 65_536
-PLOTS_MISSING_NOTE = "plots skipped: pip install pytest-llmperf[plots]"
 PASS, FAIL = "✅", "❌"
 # Lower is the more severe; a run sorts by its most severe row (a failing verdict ranks 0).
 _VERDICT_RANK = {Verdict.REGRESSED: 0, Verdict.INCONCLUSIVE: 2, Verdict.IMPROVED: 3, Verdict.NOT_GATED: 4,
@@ -43,22 +43,6 @@ _NEUTRAL_RANK = 6
 # ---------------------------------------------------------------------- reading the document
 
 
-def run_names(doc: ReportDocument) -> dict[str, str]:
-    """A readable, unique name per run key: the test name, plus the workload label when the test
-    ran several workloads (plus ``#i`` when two runs share a label)."""
-    out: dict[str, str] = {}
-    for test in doc.tests:
-        runs = test.runs
-        name = test.name or test.nodeid or "?"
-        labels = [r.label for r in runs]
-        for i, run in enumerate(runs):
-            if len(runs) == 1:
-                out[run.key] = name
-            elif labels.count(labels[i]) > 1 or not labels[i]:
-                out[run.key] = f"{name} [{labels[i]} #{i}]" if labels[i] else f"{name} #{i}"
-            else:
-                out[run.key] = f"{name} [{labels[i]}]"
-    return out
 
 
 # ---------------------------------------------------------------------- formatting

@@ -828,8 +828,26 @@ class ReportDocument:
         )
 
 
+def run_names(doc: ReportDocument) -> dict[str, str]:
+    """A readable, unique name per run key: the test name, plus the workload label when the test
+    ran several workloads (plus ``#i`` when two runs share a label)."""
+    out: dict[str, str] = {}
+    for test in doc.tests:
+        runs = test.runs
+        name = test.name or test.nodeid or "?"
+        labels = [r.label for r in runs]
+        for i, run in enumerate(runs):
+            if len(runs) == 1:
+                out[run.key] = name
+            elif labels.count(labels[i]) > 1 or not labels[i]:
+                out[run.key] = f"{name} [{labels[i]} #{i}]" if labels[i] else f"{name} #{i}"
+            else:
+                out[run.key] = f"{name} [{labels[i]}]"
+    return out
+
+
 __all__ = [
     "OUTCOMES", "SCHEMA_VERSION", "BaselineReport", "GpuDeviceReport", "GpuReport", "JsonReader", "LaunchReport",
     "MetricsSnapshot", "RecordedJson", "ReferenceReport", "ReportDocument", "ReportFormatError",
-    "RunReport", "ServerMetricsReport", "ServerReport", "TestReport", "TrialReport",
+    "RunReport", "ServerMetricsReport", "ServerReport", "TestReport", "TrialReport", "run_names",
 ]

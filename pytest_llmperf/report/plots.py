@@ -33,7 +33,9 @@ import numpy as np
 
 from pytest_llmperf.baseline.samples import unpack_samples
 from pytest_llmperf.report.files import atomic_write_bytes
-from pytest_llmperf.report.markdown import PLOTS_MISSING_NOTE, run_names
+from pytest_llmperf.report.model import run_names
+
+PLOTS_MISSING_NOTE = "plots skipped: pip install pytest-llmperf[plots]"
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
