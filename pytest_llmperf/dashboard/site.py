@@ -30,7 +30,7 @@ from pytest_llmperf.dashboard.figures import display_scale, safe_url, session_la
 from pytest_llmperf.formatting import fmt_pct, fmt_value
 from pytest_llmperf.provenance import format_time
 from pytest_llmperf.report.files import atomic_write_text
-from pytest_llmperf.report.markdown import build_rows, headline
+from pytest_llmperf.report.markdown import build_rows, summary_headline
 from pytest_llmperf.report.model import run_names
 from pytest_llmperf.report.plots import safe_stem
 
@@ -302,7 +302,7 @@ def run_page(data: SiteData, run: GatedRun, *, root: str | None, plotly: bool | 
         measured.append(f"server {html.escape(doc.server.engine)}")
     measured.append(f"measured {html.escape(doc.created_at)}")
     parts = [f"<h1>{html.escape(run.title)}</h1>",
-             f"<p class=\"headline\">{_md_inline(headline(doc))}</p>",
+             f"<p class=\"headline\">{_md_inline(summary_headline(doc))}</p>",
              f"<p class=\"meta\">{' · '.join(measured)} · report <code>{html.escape(run.source)}</code></p>"]
     if data.empty:
         parts.append(f'<div class="note">No history of <code>{html.escape(data.name)}</code> in the store: the '

@@ -179,7 +179,7 @@ def render_markdown(
     names = run_names(doc)
     runs = list(doc.runs())
     order = sorted(range(len(runs)), key=lambda i: _run_rank(runs[i][1], strict))
-    head = [headline(doc), "", _context_line(doc)]
+    head = [summary_headline(doc), "", _context_line(doc)]
     history = doc.baseline.history if doc.baseline is not None else None
     if history:
         head += ["", f"_{history}_"]
@@ -194,7 +194,7 @@ def render_markdown(
     return _fit(head_text, blocks, tail_text, max_chars)
 
 
-def headline(doc: ReportDocument) -> str:
+def summary_headline(doc: ReportDocument) -> str:
     """One line: the comparison counts against the baseline (if any) and how many tests met
     their SLOs, marked ❌ when anything failed the gate."""
     strict = doc.strict

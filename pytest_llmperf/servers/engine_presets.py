@@ -425,7 +425,7 @@ PRESETS: Mapping[str, EnginePreset] = MappingProxyType(
 )
 
 
-def get_preset(name: str) -> EnginePreset:
+def engine_preset(name: str) -> EnginePreset:
     try:
         return PRESETS[name]
     except KeyError:
@@ -465,7 +465,7 @@ def resolve_executable(
     scripts/install-llamacpp.sh's cache (:func:`~pytest_llmperf.servers.installs.find_llama_server`),
     else an importable llama_cpp.
     """
-    p = get_preset(preset) if isinstance(preset, str) else preset
+    p = engine_preset(preset) if isinstance(preset, str) else preset
     if p.kind == KIND_COMMAND:
         argv = _user_command(command, _values(model="x", host="h", port=0, python=sys.executable))
         found = _which_program(argv[0], which)
@@ -689,7 +689,7 @@ def build_launch(
     ``os.environ``) is where ``$LLMPERF_VLLM_PYTHON`` is read and what a preset's environment
     defaults give way to; ``probe`` asks an interpreter which vLLM it has (see :func:`resolve_vllm`).
     """
-    preset = get_preset(preset_name)
+    preset = engine_preset(preset_name)
     if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
         raise PresetError(f"server port must be an integer in 1..65535, got {port!r}")
     if not host:
@@ -782,7 +782,7 @@ def read_version(
     then the installed Python distribution (``python -m`` presets, run with ``executable``),
     then ``<executable> --version``. Never raises for an unreachable server or odd output.
     """
-    p = get_preset(preset) if isinstance(preset, str) else preset
+    p = engine_preset(preset) if isinstance(preset, str) else preset
     if base_root_url and p.version_paths:
         version = _version_from_endpoints(p, base_root_url.rstrip("/"), client, timeout_s)
         if version:

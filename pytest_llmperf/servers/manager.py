@@ -20,7 +20,7 @@ from pytest_llmperf.servers.engine_presets import (
     LaunchSpec,
     PresetError,
     build_launch,
-    get_preset,
+    engine_preset,
     read_version,
 )
 from pytest_llmperf.servers.process import ProcessReaper, ServerProcess, ServerStartError, free_port
@@ -198,7 +198,7 @@ class ServerManager:
             command=cfg.command if cfg.preset == "command" else None,
             health_path=cfg.health_path,
             # e.g. vLLM serves /reset_prefix_cache only in dev mode; the plugin resets between trials
-            env=dict(get_preset(cfg.preset).reset_cache_env),
+            env=dict(engine_preset(cfg.preset).reset_cache_env),
         )
         cfg.log_dir.mkdir(parents=True, exist_ok=True)
         side = f"{cfg.label}-" if cfg.label else ""
