@@ -110,7 +110,7 @@ import math
 import re
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict
 
 import numpy as np
 
@@ -194,6 +194,24 @@ class Verdict(str, enum.Enum):
         return strict and self is Verdict.INCONCLUSIVE
 
 
+class ReasonKind(str, enum.Enum):
+    """Why a verdict is INCONCLUSIVE or NOT_GATED, as a kind: what decisions read (a rewording of
+    a reason's text changes nothing that is gated). The text (``Comparison.reason``) says the
+    numbers for people."""
+
+    NONE = ""
+    NO_ESTIMATE = "no_estimate"  # the change or its interval is undefined
+    NOT_SIGNIFICANT = "not_significant"  # worse beyond the tolerance, but not significant
+    REACHES_PAST_TOLERANCE = "reaches_past_tolerance"  # significantly worse within it, interval past it
+    INTERVAL_WIDER = "interval_wider"  # the interval is wider than the tolerance
+    TOO_FEW_SAMPLES = "too_few_samples"  # too few requests for the statistic (tail, counts)
+    CANNOT_BE_JUDGED = "cannot_be_judged"  # below the precision floor of the session model: never judged
+    TOO_FEW_TRIALS = "too_few_trials"  # the test needs more trials or blocks per side
+    NOT_MEASURED = "not_measured"  # a side has no value for it (undefined, or not recorded)
+    INVALID_RUN = "invalid_run"  # the candidate's run is invalid (the baseline's is valid)
+    INVALID_BASELINE = "invalid_baseline"  # the baseline's run is invalid (the candidate's may be too)
+
+
 VERDICTS = tuple(v.value for v in Verdict)
 
 
@@ -232,6 +250,7 @@ class ComparisonDict(_ComparisonDictBase, total=False):
 
     reason: str
     method: str
+    reason_kind: str
 
 
 @dataclass(frozen=True)
@@ -263,6 +282,7 @@ class Comparison:
     verdict: Verdict
     reason: str = ""
     method: str = ""
+    reason_kind: ReasonKind = ReasonKind.NONE
 
     @property
     def confidence(self) -> float:
@@ -315,7 +335,7 @@ class Comparison:
             "ci_high": enc(self.ci_high), "p_value": enc(self.p_value), "p_adjusted": enc(self.p_adjusted),
             "tolerance": enc(self.tolerance), "alpha": enc(self.alpha), "mode": self.mode,
             "n_baseline": self.n_baseline, "n_candidate": self.n_candidate, "verdict": self.verdict.value,
-            "reason": self.reason, "method": self.method,
+            "reason": self.reason, "method": self.method, "reason_kind": self.reason_kind.value,
         }
 
     @classmethod
@@ -326,7 +346,7 @@ class Comparison:
             raise InputError(
                 f"Comparison.from_dict: unknown keys {unknown}; valid keys: {sorted(names)}"
             )
-        optional = ("reason", "method")
+        optional = ("reason", "method", "reason_kind")  # reason_kind: absent in reports written before it
         missing = sorted(n for n in names if n not in data and n not in optional)
         if missing:
             raise InputError(f"Comparison.from_dict: missing keys {missing}")
@@ -352,10 +372,19 @@ class Comparison:
             tolerance=num(data["tolerance"], "tolerance"), alpha=num(data["alpha"], "alpha"),
             mode=data["mode"], n_baseline=data["n_baseline"], n_candidate=data["n_candidate"],
             verdict=verdict, reason=data.get("reason", ""), method=data.get("method", ""),
+            reason_kind=_reason_kind(data.get("reason_kind", "")),
         )
 
 
 # --------------------------------------------------------------------------- decision
+
+
+class Decision(NamedTuple):
+    """A verdict, why (as a kind), and the reason's text."""
+
+    verdict: Verdict
+    kind: ReasonKind
+    reason: str
 
 
 def decide(
@@ -368,12 +397,14 @@ def decide(
     alpha: float,
     higher_is_better: bool,
     absolute: bool = False,
-) -> tuple[Verdict, str]:
+    hint: str = "more trials would settle it",
+) -> Decision:
     """The verdict rule (module docstring) on the relative scale, with the tolerance symmetric on
     θ; ``absolute``: on an absolute scale with a symmetric tolerance instead (error rates,
-    :func:`compare_counts`). Returns (verdict, reason)."""
+    :func:`compare_counts`). ``hint``: what would settle an INCONCLUSIVE one where more data could
+    (the caller knows whether that is trials, sessions or launches)."""
     if any(math.isnan(x) for x in (change, ci_low, ci_high, p_adjusted)):
-        return Verdict.NOT_GATED, "no estimate"
+        return Decision(Verdict.NOT_GATED, ReasonKind.NO_ESTIMATE, "no estimate")
     low, high = (-tolerance, tolerance) if absolute else tolerance_bounds(tolerance)
     # Map to a "badness" scale where positive is worse, so one rule serves both directions.
     if higher_is_better:
@@ -381,11 +412,11 @@ def decide(
     else:
         bad, bad_hi, worse, better = change, ci_high, high, -low
     if p_adjusted < alpha and bad > worse:
-        return Verdict.REGRESSED, ""
+        return Decision(Verdict.REGRESSED, ReasonKind.NONE, "")
     if bad_hi < 0 and -bad > better:
-        return Verdict.IMPROVED, ""
+        return Decision(Verdict.IMPROVED, ReasonKind.NONE, "")
     if ci_low >= low and ci_high <= high:
-        return Verdict.UNCHANGED, ""
+        return Decision(Verdict.UNCHANGED, ReasonKind.NONE, "")
     if absolute:
         bad_side = f"{tolerance * 100:g} pp"
         both = f"±{bad_side}"
@@ -393,21 +424,15 @@ def decide(
         bad_side = fmt_tolerance(low if higher_is_better else high)
         both = f"{fmt_tolerance(low)} … {fmt_tolerance(high)}"
     if bad > worse:
-        reason = (
+        return Decision(Verdict.INCONCLUSIVE, ReasonKind.NOT_SIGNIFICANT, (
             f"worse, {fmt_pct(change)} (beyond the {bad_side} tolerance), but not significant "
-            f"(p = {p_adjusted:.3g} ≥ α = {alpha:g}); more trials would settle it"
-        )
-    elif p_adjusted < alpha:
-        reason = (
+            f"(p = {p_adjusted:.3g} ≥ α = {alpha:g}); {hint}"))
+    if p_adjusted < alpha:
+        return Decision(Verdict.INCONCLUSIVE, ReasonKind.REACHES_PAST_TOLERANCE, (
             f"significantly worse, {fmt_pct(change)}: within the {bad_side} tolerance "
-            "but the interval reaches past it"
-        )
-    else:
-        reason = (
-            f"interval {fmt_pct(ci_low)} … {fmt_pct(ci_high)} is wider than the tolerance {both}; "
-            "more trials would settle it"
-        )
-    return Verdict.INCONCLUSIVE, reason
+            "but the interval reaches past it"))
+    return Decision(Verdict.INCONCLUSIVE, ReasonKind.INTERVAL_WIDER, (
+        f"interval {fmt_pct(ci_low)} … {fmt_pct(ci_high)} is wider than the tolerance {both}; {hint}"))
 
 
 def tolerance_bounds(tolerance: float) -> tuple[float, float]:
@@ -434,7 +459,7 @@ def holm(comparisons: Sequence[Comparison]) -> list[Comparison]:
         if i not in adjusted:
             out.append(c)
             continue
-        verdict, reason = decide(
+        verdict, kind, reason = decide(
             c.change,
             c.ci_low,
             c.ci_high,
@@ -444,7 +469,7 @@ def holm(comparisons: Sequence[Comparison]) -> list[Comparison]:
             higher_is_better=c.higher_is_better,
             absolute=c.mode == "counts",
         )
-        out.append(dataclasses.replace(c, p_adjusted=adjusted[i], verdict=verdict, reason=reason))
+        out.append(dataclasses.replace(c, p_adjusted=adjusted[i], verdict=verdict, reason=reason, reason_kind=kind))
     return out
 
 
@@ -487,13 +512,13 @@ def compare_trials(
         bad = ~np.isfinite(arr) | (arr <= 0)
         if bad.any():
             return _not_gated(
-                common,
+                common, ReasonKind.NOT_MEASURED,
                 f"{side} has trial values that are not finite and positive ({_preview(arr[bad])}), "
                 "so the log-ratio is undefined; absolute SLOs (error_rate, goodput) gate such runs",
             )
     if b.size < MIN_TRIALS or c.size < MIN_TRIALS:
         return _not_gated(
-            common,
+            common, ReasonKind.TOO_FEW_TRIALS,
             f"needs at least {MIN_TRIALS} trials per side (got {b.size} vs {c.size}); "
             "use quick mode (one run per side) or raise trials",
             baseline_value=_geomean(b),
@@ -552,17 +577,17 @@ def compare_paired(
         method="paired Student t on per-block log ratios (A/B blocks)",
     )
     if r.size != c.size:
-        return _not_gated(common, f"unpaired trials: {r.size} reference vs {c.size} candidate")
+        return _not_gated(common, ReasonKind.TOO_FEW_TRIALS, f"unpaired trials: {r.size} reference vs {c.size} candidate")
     for side, arr in (("reference", r), ("candidate", c)):
         bad = ~np.isfinite(arr) | (arr <= 0)
         if bad.any():
             return _not_gated(
-                common,
+                common, ReasonKind.NOT_MEASURED,
                 f"{side} has trial values that are not finite and positive ({_preview(arr[bad])}), "
                 "so the log-ratio is undefined; absolute SLOs (error_rate, goodput) gate such runs",
             )
     if r.size < MIN_TRIALS:
-        return _not_gated(common, f"needs at least {MIN_TRIALS} blocks (got {r.size}); raise trials",
+        return _not_gated(common, ReasonKind.TOO_FEW_TRIALS, f"needs at least {MIN_TRIALS} blocks (got {r.size}); raise trials",
                           baseline_value=_geomean(r), candidate_value=_geomean(c))
     d = np.log(c) - np.log(r)
     theta = float(d.mean())
@@ -627,7 +652,7 @@ def compare_counts(
                      n_baseline=nb, n_candidate=nc,
                      method="Fisher exact (one-sided) on pooled failures; Newcombe interval")
     if nb == 0 or nc == 0:
-        return _not_gated(common, "no measured requests on a side", baseline_value=pb, candidate_value=pc)
+        return _not_gated(common, ReasonKind.TOO_FEW_SAMPLES, "no measured requests on a side", baseline_value=pb, candidate_value=pc)
     z = float(scipy_stats().norm.ppf(1.0 - alpha))
     lc, uc = _wilson(kc, nc, z)
     lb, ub = _wilson(kb, nb, z)
@@ -639,13 +664,13 @@ def compare_counts(
     else:
         p = float(scipy_stats().fisher_exact([[kc, nc - kc], [kb, nb - kb]], alternative="greater").pvalue)
     theta = math.log(((kc + 0.5) / nc) / ((kb + 0.5) / nb))
-    verdict, reason = decide(d, lo, hi, p, tolerance=tol, alpha=alpha, higher_is_better=False, absolute=True)
+    verdict, kind, reason = decide(d, lo, hi, p, tolerance=tol, alpha=alpha, higher_is_better=False, absolute=True)
     if verdict is Verdict.INCONCLUSIVE and _wilson(0, min(nb, nc), z)[1] > floor:
-        verdict = Verdict.NOT_GATED
+        verdict, kind = Verdict.NOT_GATED, ReasonKind.TOO_FEW_SAMPLES
         reason = (f"too few requests ({min(nb, nc)} on the smaller side) to bound an error rate within "
                   f"{floor * 100:g} percentage points; reported, not gated")
     return common.comparison(baseline_value=pb, candidate_value=pc, change=d, theta=theta, ci_low=lo, ci_high=hi,
-                             p_value=p, p_adjusted=p, verdict=verdict, reason=reason)
+                             p_value=p, p_adjusted=p, verdict=verdict, reason=reason, kind=kind)
 
 
 def _wilson(k: int, n: int, z: float) -> tuple[float, float]:
@@ -743,7 +768,7 @@ def compare_sequences(
 
     counts = (stat.count(prepared[0]), stat.count(prepared[1]))
     if min(counts) < min_n:
-        return _not_gated(common, f"{statistic} needs {need}; got {counts[0]} vs {counts[1]}")
+        return _not_gated(common, ReasonKind.TOO_FEW_SAMPLES, f"{statistic} needs {need}; got {counts[0]} vs {counts[1]}")
 
     b_val = stat.observed(prepared[0], 0)
     c_val = stat.observed(prepared[1], 1)
@@ -755,7 +780,7 @@ def compare_sequences(
                 continue
             failed = float(np.mean(arr >= stat.sentinel))
             return _not_gated(
-                common,
+                common, ReasonKind.NOT_MEASURED,
                 f"{side} {statistic} is undefined: {failed:.1%} of its requests failed; "
                 "failures are gated by error_rate and goodput",
                 baseline_value=shown[0],
@@ -763,7 +788,7 @@ def compare_sequences(
             )
     if not (b_val > 0):
         return _not_gated(
-            common, f"baseline {statistic} is {b_val:g}; a relative change from it is undefined"
+            common, ReasonKind.NOT_MEASURED, f"baseline {statistic} is {b_val:g}; a relative change from it is undefined"
         )
     with np.errstate(divide="ignore"):
         theta = float(np.log(c_val) - np.log(b_val))
@@ -787,7 +812,7 @@ def compare_sequences(
     # sides) carry no information; they are vanishingly rare above the sample-size floor.
     theta_star = np.clip(theta_star[~np.isnan(theta_star)], -_THETA_CLIP, _THETA_CLIP)
     if theta_star.size < n_resamples // 2:
-        return _not_gated(common, f"{statistic} is undefined in most bootstrap resamples")
+        return _not_gated(common, ReasonKind.TOO_FEW_SAMPLES, f"{statistic} is undefined in most bootstrap resamples")
     if run_cv > 0:
         sigma = math.sqrt(math.log1p(run_cv**2))
         theta_star = theta_star + rng.normal(0.0, math.sqrt(2.0) * sigma, size=theta_star.size)
@@ -1023,13 +1048,13 @@ class _Shared:
 
     def comparison(self, *, baseline_value: float, candidate_value: float, change: float, theta: float,
                    ci_low: float, ci_high: float, p_value: float, p_adjusted: float, verdict: Verdict,
-                   reason: str) -> Comparison:
+                   reason: str, kind: ReasonKind) -> Comparison:
         return Comparison(
             name=self.name, unit=self.unit, higher_is_better=self.higher_is_better,
             baseline_value=baseline_value, candidate_value=candidate_value, change=change, theta=theta,
             ci_low=ci_low, ci_high=ci_high, p_value=p_value, p_adjusted=p_adjusted, tolerance=self.tolerance,
             alpha=self.alpha, mode=self.mode, n_baseline=self.n_baseline, n_candidate=self.n_candidate,
-            verdict=verdict, reason=reason, method=self.method,
+            verdict=verdict, reason=reason, method=self.method, reason_kind=kind,
         )
 
 
@@ -1044,7 +1069,7 @@ def _build(
 ) -> Comparison:
     change = math.expm1(theta) if theta < 700 else math.inf  # expm1 overflows past ~709
     ci_low, ci_high = math.expm1(lo), math.expm1(hi)
-    verdict, reason = decide(
+    verdict, kind, reason = decide(
         change,
         ci_low,
         ci_high,
@@ -1064,11 +1089,13 @@ def _build(
         p_adjusted=p_worse,
         verdict=verdict,
         reason=reason,
+        kind=kind,
     )
 
 
 def _not_gated(
     common: _Shared,
+    kind: ReasonKind,
     reason: str,
     *,
     baseline_value: float = math.nan,
@@ -1086,7 +1113,16 @@ def _not_gated(
         p_adjusted=nan,
         verdict=Verdict.NOT_GATED,
         reason=reason,
+        kind=kind,
     )
+
+
+def _reason_kind(value: object) -> ReasonKind:
+    try:
+        return ReasonKind(value)
+    except ValueError:
+        valid = [k.value for k in ReasonKind]
+        raise InputError(f"Comparison.from_dict: reason_kind {value!r} is not one of {valid}") from None
 
 
 def _check_common(name: str, tolerance: float, alpha: float) -> None:

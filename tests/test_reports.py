@@ -26,7 +26,7 @@ from pytest_llmperf.report.writers import (
     validate,
     write_reports,
 )
-from pytest_llmperf.stats import Comparison, Verdict, compare_trials
+from pytest_llmperf.stats import Comparison, ReasonKind, Verdict, compare_trials
 
 CHAT = "perf/test_serving.py::test_short_chat"
 SWEEP = "perf/test_serving.py::test_sweep"
@@ -112,7 +112,8 @@ def build(with_baseline=True):
             cmp("goodput", [10, 12, 8], [9.5, 11, 13], unit="req/s", higher=True),
         ])
     invalid_reason = "candidate: dispatch lag p99 31.0 ms > 10 ms: the load generator could not keep its schedule"
-    warm = [dataclasses.replace(c, verdict=Verdict.NOT_GATED, reason=f"invalid run: {invalid_reason}") for c in (
+    warm = [dataclasses.replace(c, verdict=Verdict.NOT_GATED, reason=f"invalid run: {invalid_reason}",
+                                reason_kind=ReasonKind.INVALID_RUN) for c in (
         cmp("ttft_p95", [0.03, 0.031], [0.03, 0.031]), cmp("tpot_p95", [0.008, 0.0081], [0.008, 0.0081]),
         cmp("goodput", [10, 10.1], [10, 10.2], unit="req/s", higher=True))]
     add(f"{CHAT}[warm]#0", Workload(input_tokens=128, output_tokens=32, rate_rps=4, num_requests=150, cache="warm"),

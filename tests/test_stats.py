@@ -10,6 +10,7 @@ from scipy import signal
 from pytest_llmperf.stats import (
     DEFAULT_TRIALS,
     Comparison,
+    ReasonKind,
     Verdict,
     compare_sequences,
     compare_trials,
@@ -167,8 +168,12 @@ def test_decide_rule_boundaries():
     assert decide(0.10, 0.06, 0.14, 0.01, **kw)[0] is Verdict.REGRESSED
     assert decide(0.10, 0.06, 0.14, 0.06, **kw)[0] is Verdict.INCONCLUSIVE  # not significant
     assert decide(0.03, 0.01, 0.05, 0.01, **kw)[0] is Verdict.UNCHANGED
-    verdict, reason = decide(0.03, 0.01, 0.07, 0.01, **kw)
+    verdict, kind, reason = decide(0.03, 0.01, 0.07, 0.01, **kw)
     assert verdict is Verdict.INCONCLUSIVE and "within the +5% tolerance" in reason
+    assert kind is ReasonKind.REACHES_PAST_TOLERANCE
+    assert decide(0.10, 0.06, 0.14, 0.06, **kw).kind is ReasonKind.NOT_SIGNIFICANT
+    wide = decide(0.0, -0.2, 0.2, 0.5, **kw, hint="save more sessions")
+    assert wide.kind is ReasonKind.INTERVAL_WIDER and wide.reason.endswith("; save more sessions")
     assert decide(-0.10, -0.14, -0.06, 0.99, **kw)[0] is Verdict.IMPROVED
     # Same numbers for a higher-is-better statistic mirror the verdicts.
     hib = dict(kw, higher_is_better=True)

@@ -35,6 +35,7 @@ from pytest_llmperf.stats import (
     VERDICTS,
     Comparison,
     ComparisonDict,
+    ReasonKind,
     Verdict,
     compare_counts,
     compare_paired,
@@ -136,13 +137,15 @@ def compare_entries(
             # A per-trial value of the server's (accept length): no per-request samples to resample.
             why = ("the baseline did not measure it (saved by an older version or another setup)" if None in b_vals
                    else f"it is compared across trials: at least 2 per side needed (got {len(b_vals)} vs {len(c_vals)})")
-            comp = _not_gated_stat(g, len(b_vals), len(c_vals), tolerance, alpha, why)
+            comp = _not_gated_stat(g, len(b_vals), len(c_vals), tolerance, alpha, why,
+                                   ReasonKind.NOT_MEASURED if None in b_vals else ReasonKind.TOO_FEW_TRIALS)
         elif g.request_type is not None:
             # Per-request samples carry no request type, so quick mode cannot split them.
             why = ("the baseline has no per-type statistics (saved by an older version); save it again"
                    if None in b_vals else f"per-type statistics need at least 2 trials per side "
                    f"(got {len(b_vals)} vs {len(c_vals)})")
-            comp = _not_gated_stat(g, len(b_vals), len(c_vals), tolerance, alpha, why)
+            comp = _not_gated_stat(g, len(b_vals), len(c_vals), tolerance, alpha, why,
+                                   ReasonKind.NOT_MEASURED if None in b_vals else ReasonKind.TOO_FEW_TRIALS)
         else:
             series = "good" if g.metric is None else g.metric
             b_seq, b_win = _sequences(base_trials[:1], series)
@@ -157,11 +160,14 @@ def compare_entries(
                 candidate_window_s=c_win if g.metric is None else None,
             )
         out.comparisons.append(bonferroni(comp, family_size))
-    invalid = _invalid_reasons(candidate, "candidate") + _invalid_reasons(latest, "baseline")
+    theirs = _invalid_reasons(latest, "baseline")
+    invalid = _invalid_reasons(candidate, "candidate") + theirs
     if invalid:
         # An invalid run is reported as invalid, never as a regression or a pass.
         reason = "invalid run: " + "; ".join(invalid)
-        out.comparisons = [dataclasses.replace(c, verdict=Verdict.NOT_GATED, reason=reason) for c in out.comparisons]
+        kind = ReasonKind.INVALID_BASELINE if theirs else ReasonKind.INVALID_RUN
+        out.comparisons = [dataclasses.replace(c, verdict=Verdict.NOT_GATED, reason=reason, reason_kind=kind)
+                           for c in out.comparisons]
     return out
 
 
@@ -301,7 +307,7 @@ def _tail_floor(comp: Comparison, g: GatedStat, baseline: Sequence[SavedEntry],
     unit = "inter-token gaps" if g.metric == "itl_s" else "requests"
     reason = (f"too few samples for {g.stat}: {min(sizes)} {unit} on the smaller side, {need} needed "
               f"for {MIN_TAIL_SAMPLES} beyond the percentile; reported, not gated")
-    return dataclasses.replace(comp, verdict=Verdict.NOT_GATED, reason=reason)
+    return dataclasses.replace(comp, verdict=Verdict.NOT_GATED, reason=reason, reason_kind=ReasonKind.TOO_FEW_SAMPLES)
 
 
 _PERCENTILE_Q = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0}
@@ -368,7 +374,7 @@ def _compare_trial_values(g: GatedStat, b_vals: list[float], c_vals: list[float]
         if not finite:
             return _not_gated_stat(g, len(b_vals), len(c_vals), tolerance, alpha,
                                    f"{g.stat} lands on failed requests in every trial of both sides; "
-                                   "the error rate gates this run")
+                                   "the error rate gates this run", ReasonKind.NOT_MEASURED)
         cap = 2.0 * max(finite)
         b_vals = [cap if math.isinf(v) else v for v in b_vals]
         c_vals = [cap if math.isinf(v) else v for v in c_vals]
@@ -407,25 +413,27 @@ def _compare_errors(g: GatedStat, baseline: Sequence[SavedEntry], candidate: Sav
 
     b, c = counts(baseline), counts([candidate])
     if b is None or c is None:
-        return _not_gated_stat(g, 0, 0, tolerance, alpha, f"a side has no {g.count_keys[1]} counts in its summary")
+        return _not_gated_stat(g, 0, 0, tolerance, alpha, f"a side has no {g.count_keys[1]} counts in its summary",
+                               ReasonKind.NOT_MEASURED)
     return compare_counts(g.key, b[0], b[1], c[0], c[1], tolerance=tolerance, alpha=alpha)
 
 
-def _not_gated_stat(g: GatedStat, n_b: int, n_c: int, tolerance: float, alpha: float, reason: str) -> Comparison:
+def _not_gated_stat(g: GatedStat, n_b: int, n_c: int, tolerance: float, alpha: float, reason: str,
+                    kind: ReasonKind) -> Comparison:
     nan = math.nan
     return Comparison(name=g.key, unit=g.unit, higher_is_better=g.higher_is_better, baseline_value=nan,
                       candidate_value=nan, change=nan, theta=nan, ci_low=nan, ci_high=nan, p_value=nan,
                       p_adjusted=nan, tolerance=tolerance, alpha=alpha, mode="trials", n_baseline=n_b,
-                      n_candidate=n_c, verdict=Verdict.NOT_GATED, reason=reason)
+                      n_candidate=n_c, verdict=Verdict.NOT_GATED, reason=reason, reason_kind=kind)
 
 
 def bonferroni(c: Comparison, m: int) -> Comparison:
     if not c.gated or m <= 1:
         return c
     p = min(1.0, c.p_value * m)
-    verdict, reason = decide(c.change, c.ci_low, c.ci_high, p, tolerance=c.tolerance, alpha=c.alpha,
-                             higher_is_better=c.higher_is_better, absolute=c.mode == "counts")
-    return dataclasses.replace(c, p_adjusted=p, verdict=verdict, reason=reason)
+    verdict, kind, reason = decide(c.change, c.ci_low, c.ci_high, p, tolerance=c.tolerance, alpha=c.alpha,
+                                   higher_is_better=c.higher_is_better, absolute=c.mode == "counts")
+    return dataclasses.replace(c, p_adjusted=p, verdict=verdict, reason=reason, reason_kind=kind)
 
 
 def headline(runs: Sequence[RunComparison]) -> str:

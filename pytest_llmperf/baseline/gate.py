@@ -76,7 +76,16 @@ from pytest_llmperf.baseline.sessions import (
 )
 from pytest_llmperf.errors import InputError
 from pytest_llmperf.formatting import fmt_pct
-from pytest_llmperf.stats import DEFAULT_ALPHA, DEFAULT_TOLERANCE, Comparison, Verdict, compare_counts, decide, holm
+from pytest_llmperf.stats import (
+    DEFAULT_ALPHA,
+    DEFAULT_TOLERANCE,
+    Comparison,
+    ReasonKind,
+    Verdict,
+    compare_counts,
+    decide,
+    holm,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
@@ -323,7 +332,7 @@ class GateSession:
             model = self.model.stats.get((key, comp.name))
             if model is None:
                 continue
-            if comp.verdict is Verdict.NOT_GATED and comp.reason.startswith("invalid run"):
+            if comp.reason_kind in (ReasonKind.INVALID_RUN, ReasonKind.INVALID_BASELINE):
                 continue
             logs = _logs(candidate, g)
             if logs is None:
@@ -332,7 +341,7 @@ class GateSession:
                      or precision_floor(self.baseline[key][0], g, measured_spread=True))
             if floor is not None:
                 run.comparisons[i] = dataclasses.replace(comp, verdict=Verdict.NOT_GATED, reason=floor,
-                                                         mode="sessions")
+                                                         reason_kind=ReasonKind.CANNOT_BE_JUDGED, mode="sessions")
                 continue
             sign = -1.0 if g.higher_is_better else 1.0
             run.comparisons[i] = self._total(comp, model, logs, sign, tolerance, notes)
@@ -394,26 +403,23 @@ class GateSession:
                 reason=reason, method=method)
         lo, hi = test.interval(alpha)
         ci = sorted((math.expm1(lo * sign), math.expm1(hi * sign)))
-        verdict, reason = decide(math.expm1(theta), ci[0], ci[1], p_adj, tolerance=tolerance, alpha=alpha,
-                                 higher_is_better=sign < 0)
+        # Against main's sessions, more trials shrink only the trial part: say what would help.
+        verdict, kind, reason = decide(math.expm1(theta), ci[0], ci[1], p_adj, tolerance=tolerance, alpha=alpha,
+                                       higher_is_better=sign < 0, hint=_settle_hint(model))
         q_min = quantile(1.0 - alpha / m, test.df)
         se_min = math.sqrt(max(test.se ** 2 - model.within_var / max(logs.trials, 1), 0.0))
         more = 2.0 * math.sqrt(model.within_var / max(logs.trials, 1))
         self._preview_reach[comp.name] = test.estimate + more - max(math.log1p(tolerance), q_min * se_min)
         if model.prior and verdict is Verdict.REGRESSED and lo <= math.log1p(tolerance):
-            verdict = Verdict.INCONCLUSIVE
+            verdict, kind = Verdict.INCONCLUSIVE, ReasonKind.NOT_SIGNIFICANT
             reason = (f"nothing has measured session noise yet ({model.sessions} main session(s) of one launch): "
                       f"with the {cv_of(math.sqrt(model.total.session_prior)):.0%} prior a change is confirmed "
                       f"only beyond {fmt_pct(_worse(detect, sign < 0))}; {_settle_hint(model)}")
-        elif verdict is Verdict.INCONCLUSIVE:
-            # Against main's sessions, more trials shrink only the trial part: say what would help.
-            reason = "; ".join(part for part in reason.split("; ") if "more trials" not in part)
-            reason = f"{reason}; {_settle_hint(model)}" if reason else _settle_hint(model)
         return dataclasses.replace(
             comp, baseline_value=math.exp(model.mean), candidate_value=math.exp(logs.mean),
             change=math.expm1(theta), theta=theta, ci_low=ci[0], ci_high=ci[1], p_value=test.p_value,
             p_adjusted=p_adj, mode="sessions", n_baseline=model.sessions, n_candidate=logs.trials,
-            verdict=verdict, reason=reason, method=method)
+            verdict=verdict, reason=reason, reason_kind=kind, method=method)
 
     def finish(self) -> list[Comparison]:
         """The end-of-session tests; returns the verdicts that fail only after them.

@@ -27,7 +27,7 @@ from pytest_llmperf.plugin.state import nodeid_of
 from pytest_llmperf.results import at_launch, merge_runs
 from pytest_llmperf.servers.manager import answers
 from pytest_llmperf.servers.pair import CANDIDATE, REFERENCE
-from pytest_llmperf.stats import DEFAULT_TRIALS
+from pytest_llmperf.stats import DEFAULT_TRIALS, ReasonKind
 from pytest_llmperf.workload import NotAWorkload, Workload
 
 # Trials run before the gate's tentative look (see LLMPerf._adaptive).
@@ -385,7 +385,7 @@ class LLMPerf:
                              + "; ".join(validity.reasons))
         for comparison in self.comparisons:
             for c in comparison.comparisons:
-                if c.verdict.value == "not_gated" and "cannot be judged" in c.reason:
+                if c.reason_kind is ReasonKind.CANNOT_BE_JUDGED:
                     lines.append(f"{comparison.label}: {c.reason} (fails under {why})")
         return lines
 

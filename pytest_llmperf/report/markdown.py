@@ -19,7 +19,7 @@ from pytest_llmperf.errors import InputError
 from pytest_llmperf.formatting import fmt_pct, fmt_tolerance, fmt_value
 from pytest_llmperf.report.model import run_names
 from pytest_llmperf.report.terminal import kind_line
-from pytest_llmperf.stats import Verdict, tolerance_bounds
+from pytest_llmperf.stats import ReasonKind, Verdict, tolerance_bounds
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -357,7 +357,7 @@ def _run_notes(doc: ReportDocument, run: RunReport, rows: Sequence[Row]) -> list
         notes.append(f"{FAIL} **cache state did not hold**: {cache.message}")
     elif cache is not None and cache.held is None and cache.message:
         notes.append(cache.message)
-    by_reason: dict[str, list[str]] = {}
+    by_reason: dict[tuple[str, str], list[str]] = {}
     for r in rows:
         v = r.verdict
         if v is not None and v.verdict in (Verdict.NOT_GATED, Verdict.INCONCLUSIVE) and v.reason:
@@ -365,11 +365,10 @@ def _run_notes(doc: ReportDocument, run: RunReport, rows: Sequence[Row]) -> list
             # The reason often names its statistic already ("ttft_p95: too few samples..."):
             # group identical reasons so a sweep of ten runs does not repeat them per row.
             reason = v.reason
-            if invalid is not None and reason.startswith("invalid run") and "baseline:" not in reason:
+            if invalid is not None and v.reason_kind is ReasonKind.INVALID_RUN:
                 reason = "the run is invalid (see above)"
-            by_reason.setdefault(f"{word}: {reason}", []).append(r.statistic)
-    for text, stats in by_reason.items():
-        word, reason = text.split(": ", 1)
+            by_reason.setdefault((word, reason), []).append(r.statistic)
+    for (word, reason), stats in by_reason.items():
         notes.append(f"{word} ({', '.join(f'`{s}`' for s in stats)}): {reason}")
     if run.allowed_diffs:
         notes.append("fingerprint differences allowed: " + "; ".join(run.allowed_diffs))
