@@ -20,6 +20,15 @@ if TYPE_CHECKING:
     from pytest_llmperf.sim.perfmodel import PerfModel
 
 
+def _spec_seed(config: SimConfig) -> int:
+    """Speculative decoding's acceptances are drawn like the speed noise: from ``noise_seed``
+    (``--seed``) when given, so a run replays, and afresh at every launch otherwise, so that sessions
+    of an A/A comparison differ in their acceptances as servers running other prompts do."""
+    if config.noise_seed is None:
+        return random.SystemRandom().getrandbits(63)
+    return random.Random(f"spec:{config.noise_seed}").getrandbits(63)
+
+
 @dataclass
 class SimState:
     """Everything one app instance owns (one engine, one registry, one RNG for faults, one image
@@ -60,7 +69,7 @@ class SimState:
     def create(cls, config: SimConfig) -> SimState:
         noise = config.noise()
         perf = config.perf_model(noise)
-        engine = Engine(perf, step_factor=noise.step_factor if noise.has_step_noise else None, seed=config.seed)
+        engine = Engine(perf, step_factor=noise.step_factor if noise.has_step_noise else None, seed=_spec_seed(config))
         metrics = SimMetrics(engine.core, config.served_model_name, serves_lora=config.serves_lora)
         engine.on_first_token = metrics.on_first_token
         engine.on_finish = metrics.on_finish
