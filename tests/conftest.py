@@ -83,6 +83,7 @@ SERIAL: dict[str, frozenset[str] | None] = {
     "test_sim_constrained.py": frozenset({
         "test_the_client_judges_the_simulators_constrained_answers", "test_the_client_reads_the_acceptance_from_the_counters",
         "test_an_adapter_load_lands_in_the_ttft_of_its_request",
+        "test_tpot_of_constrained_and_speculative_chat_follows_the_model", "test_ttft_of_lora_chat_follows_the_model",
     }),
     "test_sim_api.py": frozenset({
         "test_requests_are_batched", "test_reasoning_then_visible_and_multi_token_chunks",

@@ -688,3 +688,55 @@ def test_an_adapter_load_lands_in_the_ttft_of_its_request():
     hit = statistics.median([times[1], times[3]])
     for miss in (times[2], times[4]):
         assert miss - hit == pytest.approx(0.05, abs=0.015)
+
+
+# ---------------------------------------------------------------------- live: the server held to its model
+
+
+@pytest.fixture(scope="module")
+def issue31_grid(tmp_path_factory):
+    """Each kind at 10 req/s for 2 s on the 8B/H100 preset, on a simulator started with its flags,
+    against the replay of the client's own schedule; text chat on the LoRA server gives the HTTP path."""
+    import sys
+
+    import numpy as np
+
+    from pytest_llmperf.servers.process import ServerProcess, free_port
+    from pytest_llmperf.sim.fidelity import ISSUE31_KINDS, KIND_CONFIG, KIND_FLAGS, Shape, drive, predict
+
+    cells = {}
+    for kind in ISSUE31_KINDS:
+        port = free_port()
+        proc = ServerProcess(
+            [sys.executable, "-m", "pytest_llmperf.sim", "--host", "127.0.0.1", "--port", str(port),
+             "--preset", "llama-3.1-8b-h100", "--seed", "1", "--loop", "asyncio", *KIND_FLAGS[kind]],
+            health_url=f"http://127.0.0.1:{port}/health", models_url=f"http://127.0.0.1:{port}/v1/models",
+            log_path=tmp_path_factory.mktemp("sim") / "sim.log", startup_timeout_s=30, grace_s=2,
+        )
+        proc.start()
+        perf = SimConfig(preset="llama-3.1-8b-h100", **KIND_CONFIG[kind]).perf_model()
+        try:
+            for name in (kind, "text-chat") if kind == "lora-chat" else (kind,):
+                run = asyncio.run(drive(f"http://127.0.0.1:{port}", name, 10.0, 2.0, Shape()))
+                assert len(run.ok) == len(run.sent), [s.error for s in run.sent if s.error][:3]
+                cells[name] = (float(np.nanmedian([s.latency_s for s in run.ok])),
+                               float(np.nanmedian(predict(perf, run))))
+        finally:
+            proc.stop()
+    return cells
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("kind, low, high", [("json-chat", 0.95, 1.05), ("spec-chat", 0.88, 1.12)])
+def test_tpot_of_constrained_and_speculative_chat_follows_the_model(issue31_grid, kind, low, high):
+    measured, model = issue31_grid[kind]
+    assert low * model <= measured <= high * model, f"{kind}: TPOT p50 {measured * 1e3:.2f} ms, model {model * 1e3:.2f} ms"
+
+
+@pytest.mark.integration
+def test_ttft_of_lora_chat_follows_the_model(issue31_grid):
+    measured, model = issue31_grid["lora-chat"]
+    text_measured, text_model = issue31_grid["text-chat"]
+    assert model > text_model + 0.010  # every request loads its adapter (10 ms) and pays the step overhead
+    http_s = max(0.0, text_measured - text_model)
+    assert 0.95 * model <= measured <= 1.10 * model + http_s, (measured, model, http_s)
