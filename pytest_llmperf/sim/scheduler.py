@@ -191,6 +191,9 @@ class SchedulerCore:
         # per adapter.
         self.lora_resident: OrderedDict[int, None] = OrderedDict()
         self.lora_running: dict[int, int] = {}
+        # Whether a step must find the sequences that sample (the grammar's and the drafter's
+        # costs need them): set once a grammar sequence arrives, or with speculative decoding.
+        self._track = perf.spec_tokens > 0
 
     @property
     def has_work(self) -> bool:
@@ -206,6 +209,8 @@ class SchedulerCore:
             )
         seq.status = WAITING
         self.waiting.append(seq)
+        if seq.grammar_from != NO_GRAMMAR:
+            self._track = True
 
     def _lora_stop(self, seq: Sequence) -> None:
         """``seq`` leaves the running set (finished, aborted, preempted): one user fewer for its adapter."""
@@ -323,6 +328,7 @@ class SchedulerCore:
         samplers = 0
         sampler_pairs = 0.0
         sampler_kv = 0
+        track = self._track
 
         i = 0
         while i < len(running) and budget > 0:
@@ -347,7 +353,8 @@ class SchedulerCore:
                 pool.allocate(need)
                 seq.anon_blocks += need
             seq.sched_n = n
-            seq.spec_n = spec
+            if spec_k:
+                seq.spec_n = spec
             if seq.mm_pending:
                 encoder_flops += self._encode(seq, c, c + n)
             plan.append(seq)
@@ -355,7 +362,7 @@ class SchedulerCore:
             pairs += n * (c + (n + 1) * 0.5)
             kv_read += c + n
             budget -= n
-            if c + n - spec == seq.prompt_len + seq.num_output:  # samples in this step
+            if track and c + n - spec == seq.prompt_len + seq.num_output:  # samples in this step
                 if seq.num_output >= seq.grammar_from:
                     grammar += 1 + spec
                 if spec_k:
@@ -408,7 +415,8 @@ class SchedulerCore:
                 if seq.cached_tokens is None:
                     seq.cached_tokens = c
                 seq.sched_n = n
-                seq.spec_n = 0
+                if spec_k:
+                    seq.spec_n = 0
                 if seq.mm_pending:
                     encoder_flops += self._encode(seq, c, c + n)
                 if seq.lora:
@@ -421,7 +429,7 @@ class SchedulerCore:
                 pairs += n * (c + (n + 1) * 0.5)
                 kv_read += c + n
                 budget -= n
-                if c + n == total:  # its prompt (or recompute) ends here: it samples
+                if track and c + n == total:  # its prompt (or recompute) ends here: it samples
                     if seq.num_output >= seq.grammar_from:
                         grammar += 1
                     if spec_k:
@@ -469,6 +477,7 @@ class SchedulerCore:
         """Apply a finished step: advance, sample, finish. Returns (got first token, finished)."""
         bs = self.block_size
         pool = self.pool
+        spec_k = self.perf.spec_tokens
         first: list[Sequence] = []
         done: list[Sequence] = []
         generated = 0
@@ -477,7 +486,7 @@ class SchedulerCore:
             if seq.status != RUNNING:
                 continue  # aborted or preempted while the step was in flight
             old = seq.num_computed
-            spec = seq.spec_n
+            spec = seq.spec_n if spec_k else 0
             if spec:
                 # The last token and the accepted drafts are now computed; the rejected ones'
                 # KV slots are rolled back. Every accepted draft is a token, plus the one the
