@@ -740,3 +740,13 @@ def test_ttft_of_lora_chat_follows_the_model(issue31_grid):
     assert model > text_model + 0.010  # every request loads its adapter (10 ms) and pays the step overhead
     http_s = max(0.0, text_measured - text_model)
     assert 0.95 * model <= measured <= 1.10 * model + http_s, (measured, model, http_s)
+
+
+def test_acceptances_replay_with_a_seed_and_differ_between_launches_without():
+    from pytest_llmperf.sim.state import SimState
+
+    def draws(**kw):
+        return SimState.create(SimConfig(preset="zero", spec_tokens=2, **kw)).engine.core.rng.random()
+
+    assert draws(noise_seed=4) == draws(noise_seed=4) != draws(noise_seed=5)
+    assert draws() != draws()  # no --seed: every launch draws afresh, as the speed noise does
