@@ -174,7 +174,8 @@ async def _one(client: httpx.AsyncClient, kind: str, body: dict[str, Any], shape
                         rec.prompt_lens = (event["usage"]["prompt_tokens"],)
                         rec.output_len = event["usage"]["completion_tokens"]
             if first is None or last is None:
-                raise ValueError("no token streamed")
+                rec.error = "no token streamed"
+                return
             if METRIC[kind] == "TTFT":
                 rec.latency_s = first - rec.sent_s
             elif rec.output_len > 1:
