@@ -4,6 +4,7 @@ do image chat, embeddings and rerank?
     python benchmarks/sim_ttft_fidelity.py                 # stdlib asyncio loop (where the bug was)
     python benchmarks/sim_ttft_fidelity.py --loop auto     # uvloop when installed
     python benchmarks/sim_ttft_fidelity.py --only kinds    # just the second table
+    python benchmarks/sim_ttft_fidelity.py --only issue31  # just the third
 
 The 8B/H100 preset, 256 prompt / 64 output tokens, constant arrivals, 6 s per cell, measured
 with the project's Runner against the simulator running as a subprocess (one per slowdown).
@@ -20,6 +21,12 @@ query, 8 documents of 256 words), driven with httpx by :mod:`pytest_llmperf.sim.
 predicted the same way (replay of the client's schedule). Its first row is a text chat request
 through the same httpx client: what that client's HTTP path adds to any kind (~3-4 ms on a
 2-core box; the project's Runner, in the first table, adds much less: its HTTP client is leaner).
+
+The third table runs issue 31's kinds on the 8B/H100 preset, each on a simulator started with its
+knobs (``KIND_FLAGS``): structured output under a 1 ms-per-position grammar (TPOT), chat round
+robin over 8 LoRA adapters with 2 slots (TTFT: every request loads its adapter), and speculative
+decoding with 3 drafts at acceptance 0.7 (TPOT: ~2.5 tokens per step; the replay draws its own
+acceptances, so only medians compare).
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ from pytest_llmperf import Workload
 from pytest_llmperf.load.runner import Runner
 from pytest_llmperf.servers.process import ServerProcess, free_port
 from pytest_llmperf.sim.config import SimConfig
-from pytest_llmperf.sim.fidelity import KINDS, Shape, drive, predict
+from pytest_llmperf.sim.fidelity import ISSUE31_KINDS, KIND_CONFIG, KIND_FLAGS, KINDS, METRIC, Shape, drive, predict
 from pytest_llmperf.sim.scheduler import replay
 
 PRESET = "llama-3.1-8b-h100"
@@ -57,11 +64,11 @@ def measure(root: str, slowdown: float, rate: float, duration_s: float, inp: int
     }
 
 
-def launch(preset: str, slowdown: float, loop: str) -> tuple[ServerProcess, str]:
+def launch(preset: str, slowdown: float, loop: str, *flags: str) -> tuple[ServerProcess, str]:
     port = free_port()
     proc = ServerProcess(
         [sys.executable, "-m", "pytest_llmperf.sim", "--host", "127.0.0.1", "--port", str(port),
-         "--preset", preset, "--seed", "1", "--slowdown", str(slowdown), "--loop", loop],
+         "--preset", preset, "--seed", "1", "--slowdown", str(slowdown), "--loop", loop, *flags],
         health_url=f"http://127.0.0.1:{port}/health", models_url=f"http://127.0.0.1:{port}/v1/models",
         log_path=Path(tempfile.mkdtemp()) / "sim.log", startup_timeout_s=30, grace_s=2,
     )
@@ -119,6 +126,35 @@ def kinds_table(args: argparse.Namespace) -> None:
         proc.stop()
 
 
+def issue31_table(args: argparse.Namespace) -> None:
+    ms = lambda v: f"{v * 1e3:.2f} ms"  # noqa: E731
+    rates = [float(r) for r in args.kinds_rates.split(",")]
+    shape = Shape()
+    print(f"\n{PRESET}, constant arrivals, {args.duration:g} s per cell, server loop {args.loop}, "
+          f"httpx client; p50 measured (model), and p95")
+    print("| kind | flags | latency | " + " | ".join(f"p50 at {r:g} req/s | p95 at {r:g} req/s" for r in rates) + " |")
+    print("|---|---|---|" + "---|---|" * len(rates))
+    for kind in ("text-chat", *ISSUE31_KINDS):
+        flags = KIND_FLAGS.get(kind, ())
+        perf = SimConfig(preset=PRESET, **KIND_CONFIG.get(kind, {})).perf_model()
+        proc, root = launch(PRESET, 1.0, args.loop, *flags)
+        cells = []
+        try:
+            for rate in rates:
+                run = asyncio.run(drive(root, kind, rate, args.duration, shape))
+                errors = [s.error for s in run.sent if s.error]
+                if errors:
+                    cells.append(f"{len(errors)} errors: {errors[0]} | ")
+                    continue
+                measured = np.array([s.latency_s for s in run.ok])
+                model = np.array(predict(perf, run))
+                cells.append(f"{ms(np.nanmedian(measured))} ({ms(np.nanmedian(model))}) "
+                             f"| {ms(np.nanpercentile(measured, 95))} ({ms(np.nanpercentile(model, 95))})")
+        finally:
+            proc.stop()
+        print(f"| {kind} | {' '.join(flags) or '-'} | {METRIC[kind]} | " + " | ".join(cells) + " |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--loop", choices=("asyncio", "uvloop", "auto"), default="asyncio")
@@ -126,7 +162,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=6.0)
     parser.add_argument("--input-tokens", type=int, default=256)
     parser.add_argument("--output-tokens", type=int, default=64)
-    parser.add_argument("--only", choices=("text", "kinds", "all"), default="all")
+    parser.add_argument("--only", choices=("text", "kinds", "issue31", "all"), default="all")
     parser.add_argument("--kinds-preset", default="qwen2.5-vl-7b-h100")
     parser.add_argument("--kinds-rates", default="3,10", help="low and moderate load, req/s")
     args = parser.parse_args()
@@ -134,6 +170,8 @@ def main() -> None:
         text_table(args)
     if args.only in ("kinds", "all"):
         kinds_table(args)
+    if args.only in ("issue31", "all"):
+        issue31_table(args)
 
 
 if __name__ == "__main__":

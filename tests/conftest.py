@@ -80,6 +80,11 @@ SERIAL: dict[str, frozenset[str] | None] = {
         "test_the_encoder_time_lands_in_ttft_and_a_repeated_image_skips_it", "test_the_text_reference_is_sane",
         "test_kinds_follow_the_model",
     }),
+    "test_sim_constrained.py": frozenset({
+        "test_the_client_judges_the_simulators_constrained_answers", "test_the_client_reads_the_acceptance_from_the_counters",
+        "test_an_adapter_load_lands_in_the_ttft_of_its_request",
+        "test_tpot_of_constrained_and_speculative_chat_follows_the_model", "test_ttft_of_lora_chat_follows_the_model",
+    }),
     "test_sim_api.py": frozenset({
         "test_requests_are_batched", "test_reasoning_then_visible_and_multi_token_chunks",
         "test_llama8b_end_to_end_latency_is_realistic", "test_stop_is_quick_with_streams_in_flight",

@@ -8,7 +8,8 @@ In-process use (tests)::
 ``build_app(config)`` gives the bare ASGI app; ``PerfModel`` the numbers behind it
 (``saturation_rps(SimConfig(...).perf_model(), 512, 128)`` in :mod:`.scheduler`). Besides text
 chat and completions it serves images in chat (VLM presets, or any preset with
-``SimConfig(vision=...)``), ``/v1/embeddings`` and ``/v1/rerank``. Formulas: docs/simulator.md.
+``SimConfig(vision=...)``), ``/v1/embeddings`` and ``/v1/rerank``, tool calls and structured
+output, LoRA adapters and speculative decoding, each with its cost. Formulas: docs/simulator.md.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ Generation (``/v1/chat/completions`` with text and image parts, ``/v1/completion
 
 from __future__ import annotations
 
+import math
 import random
 import uuid
 from contextlib import asynccontextmanager
@@ -17,6 +18,7 @@ from starlette.routing import Route
 
 from pytest_llmperf._version import __version__
 from pytest_llmperf.sim.config import SimConfig
+from pytest_llmperf.sim.constrained import parse_constraint, plan_answer
 from pytest_llmperf.sim.engine import EngineClosed
 from pytest_llmperf.sim.exposition import METRICS_CONTENT_TYPE
 from pytest_llmperf.sim.kvcache import block_hashes
@@ -30,7 +32,6 @@ from pytest_llmperf.sim.pooling import (
 )
 from pytest_llmperf.sim.protocol import (
     ApiError,
-    check_model,
     error_response,
     json_body,
     parse_generation,
@@ -39,7 +40,7 @@ from pytest_llmperf.sim.protocol import (
 from pytest_llmperf.sim.responses import Generation
 from pytest_llmperf.sim.scheduler import ImageSlot, Sequence
 from pytest_llmperf.sim.state import SimState
-from pytest_llmperf.sim.textgen import plan_output
+from pytest_llmperf.sim.textgen import NATURAL_LENGTH_SIGMA, WORD_TABLE, plan_constrained, plan_output
 from pytest_llmperf.sim.tokenizer import TokenizerError
 
 if TYPE_CHECKING:
@@ -59,23 +60,22 @@ def build_app(config: SimConfig | None = None) -> Starlette:
         await state.images.aclose()
 
     async def models(request: Request) -> Response:
-        return JSONResponse(
-            {
-                "object": "list",
-                "data": [
-                    {
-                        "id": state.model_name,
-                        "object": "model",
-                        "created": state.created_s,
-                        "owned_by": "vllm",
-                        "root": state.config.preset_spec.model.hf_id,
-                        "parent": None,
-                        "max_model_len": state.perf.max_model_len,
-                        "permission": [],
-                    }
-                ],
-            }
-        )
+        base = {
+            "id": state.model_name,
+            "object": "model",
+            "created": state.created_s,
+            "owned_by": "vllm",
+            "root": state.config.preset_spec.model.hf_id,
+            "parent": None,
+            "max_model_len": state.perf.max_model_len,
+            "permission": [],
+        }
+        # Adapters as vLLM lists them: their own id, the base model as parent.
+        adapters = [
+            {**base, "id": name, "root": name, "parent": state.model_name, "max_model_len": None}
+            for name in state.adapters
+        ]
+        return JSONResponse({"object": "list", "data": [base, *adapters]})
 
     async def chat(request: Request) -> Any:
         return await _generate(state, request, "chat")
@@ -86,8 +86,12 @@ def build_app(config: SimConfig | None = None) -> Starlette:
     async def tokenize(request: Request) -> Response:
         try:
             data = await json_body(request)
-            check_model(state.model_name, data)
-            ids = (await chat_prompt(state, data))[0] if "messages" in data else tokenize_body(state.tokenizer, data)
+            state.resolve_model(data)
+            if "messages" in data:
+                tools = data.get("tools")
+                ids = (await chat_prompt(state, data, tools if isinstance(tools, list) else None))[0]
+            else:
+                ids = tokenize_body(state.tokenizer, data)
         except ApiError as exc:
             return exc.response()
         return JSONResponse({"count": len(ids), "max_model_len": state.perf.max_model_len, "tokens": ids, "token_strs": None})
@@ -95,7 +99,7 @@ def build_app(config: SimConfig | None = None) -> Starlette:
     async def detokenize(request: Request) -> Response:
         try:
             data = await json_body(request)
-            check_model(state.model_name, data)
+            state.resolve_model(data)
             tokens = data.get("tokens")
             if not isinstance(tokens, list):
                 raise ApiError(400, "tokens: expected a list of token ids", "tokens")
@@ -110,7 +114,7 @@ def build_app(config: SimConfig | None = None) -> Starlette:
         dim = state.perf.preset.model.hidden_size
         try:
             data = await json_body(request)
-            check_model(state.model_name, data)
+            state.resolve_model(data)
             req = parse_embeddings(state.tokenizer, data, state.perf.max_model_len, dim, state.model_name)
         except ApiError as exc:
             return exc.response()
@@ -120,7 +124,7 @@ def build_app(config: SimConfig | None = None) -> Starlette:
     async def rerank(request: Request) -> Any:
         try:
             data = await json_body(request)
-            check_model(state.model_name, data)
+            state.resolve_model(data)
             req = parse_rerank(state.tokenizer, data, state.perf.max_model_len)
         except ApiError as exc:
             return exc.response()
@@ -141,6 +145,9 @@ def build_app(config: SimConfig | None = None) -> Starlette:
                 "gpu_count": preset.num_gpus,
                 "model": state.model_name,
                 "vision": preset.vision.name if preset.vision else None,
+                "lora_adapters": list(state.adapters),
+                "max_loras": state.perf.max_loras,
+                "spec_tokens": state.perf.spec_tokens,
             }
         )
 
@@ -182,16 +189,19 @@ def _reasoning_tokens(server_default: int, data: dict[str, object]) -> int:
 
 async def _generate(state: SimState, request: Request, api: str) -> Any:
     images: tuple[ImageSlot, ...] = ()
+    cfg = state.config
     try:
         data = await json_body(request)
-        check_model(state.model_name, data)
+        lora = state.resolve_model(data)
+        constraint = parse_constraint(data, api == "chat")
         chat_ids = None
         if api == "chat":
-            chat_ids, images = await chat_prompt(state, data)
+            tools = constraint.raw_tools if constraint is not None and not cfg.ignore_tools else None
+            chat_ids, images = await chat_prompt(state, data, tools)
         req = parse_generation(state.tokenizer, data, api, chat_ids)
     except ApiError as exc:
         return exc.response()
-    perf, cfg = state.perf, state.config
+    perf = state.perf
     prompt_len = len(req.prompt_ids)
     limit = perf.max_model_len
     if prompt_len >= limit or (req.max_tokens is not None and prompt_len + req.max_tokens > limit):
@@ -213,16 +223,35 @@ async def _generate(state: SimState, request: Request, api: str) -> Any:
     if cfg.error_rate and rng.random() < cfg.error_rate:
         return error_response(500, "simulated internal server error (--error-rate)")
     text_rng = random.Random(req.seed if req.seed is not None else hash((cfg.seed, state.requests_seen)))
-    plan = plan_output(
-        text_rng,
-        max_tokens=max_tokens,
-        min_tokens=req.min_tokens,
-        ignore_eos=req.ignore_eos,
-        stop=req.stop,
-        include_stop_str_in_output=req.include_stop_str_in_output,
-        reasoning_tokens=_reasoning_tokens(cfg.reasoning_tokens, data) if api == "chat" else 0,
-        natural_median_tokens=cfg.natural_median_tokens,
-    )
+    reasoning = _reasoning_tokens(cfg.reasoning_tokens, data) if api == "chat" else 0
+    answer = None
+    if constraint is not None:
+        words = max(1, round(text_rng.lognormvariate(math.log(cfg.natural_median_tokens), NATURAL_LENGTH_SIGMA)))
+        answer = plan_answer(constraint, text_rng, call_prob=cfg.tool_call_prob, answer_words=words,
+                             invalid_rate=cfg.invalid_json_rate, ignore_tools=cfg.ignore_tools,
+                             ignore_format=cfg.ignore_response_format)
+    grammar_from = None
+    if answer is not None:
+        # A constrained answer ends where its call or object does (the grammar then admits only
+        # EOS): ignore_eos, min_tokens and stop strings do not apply; max_tokens may cut it.
+        call = None
+        if answer.name is not None:
+            call = (f"chatcmpl-tool-{text_rng.getrandbits(128):032x}", answer.name, answer.arguments)
+        plan = plan_constrained(state.tokenizer.pieces(answer.text), max_tokens=max_tokens,
+                                reasoning_tokens=reasoning, offset=text_rng.randrange(len(WORD_TABLE)), call=call)
+        if answer.grammar:
+            grammar_from = plan.reasoning_tokens  # vLLM starts the grammar after the reasoning ends
+    else:
+        plan = plan_output(
+            text_rng,
+            max_tokens=max_tokens,
+            min_tokens=req.min_tokens,
+            ignore_eos=req.ignore_eos,
+            stop=req.stop,
+            include_stop_str_in_output=req.include_stop_str_in_output,
+            reasoning_tokens=reasoning,
+            natural_median_tokens=cfg.natural_median_tokens,
+        )
     drop_after = rng.randint(1, plan.target_len) if cfg.drop_rate and rng.random() < cfg.drop_rate else None
     rid = ("chatcmpl-" if api == "chat" else "cmpl-") + uuid.uuid4().hex
     # Generated tokens' blocks enter the prefix cache too (as on vLLM): the ids of the planned
@@ -230,13 +259,22 @@ async def _generate(state: SimState, request: Request, api: str) -> Any:
     output_ids = state.tokenizer.encode(plan.text(0, plan.target_len))
     if len(output_ids) != plan.target_len:
         output_ids = []  # a stop string cut a token's text: cache the prompt's blocks only
-    hashes = block_hashes(req.prompt_ids + output_ids, perf.block_size)
-    seq = Sequence(rid, prompt_len, hashes, plan.target_len, plan.finish_reason, images=images)
+    hashes = block_hashes(req.prompt_ids + output_ids, perf.block_size, _adapter_salt(lora))
+    # The engine ends a call as any answer ending at EOS ("stop", as vLLM's request_success counts
+    # it); the API says "tool_calls".
+    reason = "stop" if plan.finish_reason == "tool_calls" else plan.finish_reason
+    seq = Sequence(rid, prompt_len, hashes, plan.target_len, reason, images=images, lora=lora,
+                   grammar_from=grammar_from)
     try:
         state.engine.submit(seq)
     except EngineClosed:
         return error_response(503, "the simulator is shutting down")
     return Generation(state, req, seq, plan, drop_after)
+
+
+def _adapter_salt(lora: int) -> int:
+    """Block hashes' salt for an adapter: none for the base model, so its cache is unchanged."""
+    return hash(("lora", lora)) if lora else 0
 
 
 def _pooled(state: SimState, prompts: list[list[int]], render: Callable[[], bytes]) -> Any:

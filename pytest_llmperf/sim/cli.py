@@ -47,6 +47,13 @@ def _preset(name: str) -> str:
     return name
 
 
+def _lora_names(text: str) -> list[str]:
+    names = [part.partition("=")[0].strip() for part in text.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"expected NAME[,NAME...] (or vLLM's NAME=PATH), got {text!r}")
+    return names
+
+
 def build_parser(prog: str = "llmperf sim") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
@@ -86,6 +93,36 @@ def build_parser(prog: str = "llmperf sim") -> argparse.ArgumentParser:
     add("--encoder-cache-tokens", type=_non_negative_int, default=None, metavar="N",
         help="encoder-output cache size in vision tokens (0: none; default as vLLM: "
              "max(max-num-batched-tokens, the largest image's tokens))")
+    tools = parser.add_argument_group("tool calls and structured output (issue 31)")
+    tools.add_argument("--tool-call-prob", type=_probability, default=0.5, metavar="P",
+                       help="with tool_choice auto, the share of answers that call a tool (default 0.5)")
+    tools.add_argument("--constrained-overhead-s", type=_non_negative, default=40e-6, metavar="S",
+                       help="grammar-mask CPU seconds per sampled position of a constrained sequence, added to "
+                            "its step (default 4e-05: xgrammar; vLLM #3567's outlines era was ~0.015)")
+    tools.add_argument("--ignore-tools", action="store_true",
+                       help="fault: ignore a request's tools (no call, plain text, no grammar cost)")
+    tools.add_argument("--ignore-response-format", action="store_true",
+                       help="fault: ignore response_format (plain text, no grammar cost)")
+    tools.add_argument("--invalid-json-rate", type=_probability, default=0.0, metavar="P",
+                       help="fault: share of tool calls and JSON answers cut short or breaking their schema")
+    lora = parser.add_argument_group("LoRA adapters (issue 31)")
+    lora.add_argument("--lora-modules", nargs="+", type=_lora_names, default=[], metavar="NAME[,NAME...]",
+                      help="adapters served beside the base model (vLLM's NAME=PATH is accepted; the path is ignored)")
+    lora.add_argument("--lora-prefix", default=None, metavar="PREFIX",
+                      help="any model name starting with PREFIX is an adapter too (resolved on first use)")
+    lora.add_argument("--max-loras", type=_positive_int, default=1, metavar="N",
+                      help="adapters resident on the GPU and distinct adapters in a batch (default 1, as vLLM)")
+    lora.add_argument("--lora-load-s", type=_non_negative, default=0.01, metavar="S",
+                      help="seconds to load a missing adapter; the step admitting its request waits (default 0.01)")
+    lora.add_argument("--lora-step-overhead", type=_non_negative, default=0.1, metavar="F",
+                      help="a step's cost grows by this fraction per distinct adapter in it (default 0.1)")
+    spec = parser.add_argument_group("speculative decoding (issue 31)")
+    spec.add_argument("--spec-tokens", type=_non_negative_int, default=0, metavar="K",
+                      help="draft tokens verified per decode step (default 0: off)")
+    spec.add_argument("--spec-accept", type=_probability, default=0.7, metavar="P",
+                      help="each draft token's acceptance probability, until the first rejection (default 0.7)")
+    spec.add_argument("--spec-draft-cost", type=_non_negative, default=0.1, metavar="F",
+                      help="a draft pass's cost as a fraction of the target's step (default 0.1)")
     add("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="warning")
     add("--loop", choices=LOOPS, default="auto",
         help="event loop: auto (uvloop when installed), asyncio (the stdlib loop) or uvloop")
@@ -102,6 +139,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "llmperf sim") -> int:
     options = vars(args)
     host, port, log_level = options.pop("host"), options.pop("port"), options.pop("log_level")
     loop = options.pop("loop")
+    options["lora_modules"] = tuple(name for group in options["lora_modules"] for name in group)
     options["noise_seed"] = options["seed"]
     options["seed"] = options["seed"] if options["seed"] is not None else 0
     try:

@@ -37,10 +37,11 @@ class Engine:
         on_first_token: SeqCallback | None = None,
         on_finish: SeqCallback | None = None,
         step_factor: Callable[[], float] | None = None,
+        seed: int = 0,
     ) -> None:
         self.perf = perf
         self.step_factor = step_factor
-        self.core = SchedulerCore(perf)
+        self.core = SchedulerCore(perf, seed)
         self.time_scale = perf.time_scale
         self.on_first_token = on_first_token
         self.on_finish = on_finish

@@ -7,6 +7,7 @@ histograms are observed, once per request.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
@@ -32,9 +33,11 @@ METRICS_CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
 class _SchedulerCollector(Collector):
-    def __init__(self, core: SchedulerCore, model_name: str) -> None:
+    def __init__(self, core: SchedulerCore, model_name: str, serves_lora: bool, adapter_names: dict[int, str]) -> None:
         self._core = core
         self._model = model_name
+        self._serves_lora = serves_lora
+        self._adapter_names = adapter_names
 
     def collect(self) -> Iterator[Metric]:
         core, labels = self._core, [self._model]
@@ -74,14 +77,38 @@ class _SchedulerCollector(Collector):
         for reason in ("stop", "length", "abort"):
             success.add_metric([self._model, reason], stats.finished.get(reason, 0))
         yield success
+        if core.perf.spec_tokens:
+            # vLLM V1's speculative-decoding counters (vllm/v1/spec_decode/metrics.py), exported
+            # only when speculative decoding is configured, as vLLM does.
+            yield counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", stats.spec_drafts)
+            yield counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", stats.spec_draft_tokens)
+            yield counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.",
+                          stats.spec_accepted_tokens)
+            per_pos = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                          "Accepted tokens per draft position.", labels=["model_name", "position"])
+            for position, count in enumerate(stats.spec_accepted_per_pos):
+                per_pos.add_metric([self._model, str(position)], count)
+            yield per_pos
+        if self._serves_lora:
+            # vLLM's vllm:lora_requests_info: one series whose labels name the adapters of the
+            # running and waiting requests, its value the scrape time (set_to_current_time).
+            names = self._adapter_names
+            running = sorted({names.get(s.lora, str(s.lora)) for s in core.running if s.lora})
+            waiting = sorted({names.get(s.lora, str(s.lora)) for s in core.waiting if s.lora})
+            info = GaugeMetricFamily("vllm:lora_requests_info", "Running stats on lora requests.",
+                                     labels=["max_lora", "waiting_lora_adapters", "running_lora_adapters"])
+            info.add_metric([str(core.perf.max_loras), ",".join(waiting), ",".join(running)], time.time())
+            yield info
 
 
 class SimMetrics:
     """The registry behind one app's /metrics; one instance per app, nothing global."""
 
-    def __init__(self, core: SchedulerCore, model_name: str) -> None:
+    def __init__(self, core: SchedulerCore, model_name: str, serves_lora: bool = False) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self.registry.register(_SchedulerCollector(core, model_name))
+        # Adapter id -> name, filled by the app as it learns adapters (for lora_requests_info).
+        self.adapter_names: dict[int, str] = {}
+        self.registry.register(_SchedulerCollector(core, model_name, serves_lora, self.adapter_names))
         ttft = Histogram(
             "vllm:time_to_first_token_seconds",
             "Histogram of time to first token in seconds.",

@@ -1,10 +1,13 @@
 """The simulator against its own model for the request kinds beyond text: image chat, embeddings,
-rerank (tests/test_sim_kinds.py and benchmarks/sim_ttft_fidelity.py use it).
+rerank (tests/test_sim_kinds.py and benchmarks/sim_ttft_fidelity.py use it), and issue 31's
+constrained, LoRA and speculative chat (``ISSUE31_KINDS``, each on a simulator started with its
+``KIND_FLAGS``, modelled with its ``KIND_CONFIG``; tests/test_sim_constrained.py).
 
 :func:`drive` sends one kind of request to a running simulator at a constant rate with httpx
 (no other part of the project is involved) and records, per request, when it was sent and its
-measured latency: TTFT (to the first streamed token) for image chat, E2E (to the whole JSON
-body) for embeddings and rerank. :func:`predict` gives the model's latency for the same requests
+measured latency: TTFT (to the first streamed token) for image and LoRA chat, E2E (to the whole
+JSON body) for embeddings and rerank, TPOT ((last token - first token) / (tokens - 1)) for JSON and
+speculative chat (``METRIC``). :func:`predict` gives the model's latency for the same requests
 on the same schedule: the simulator's own scheduler and perf model replayed in virtual time
 (:func:`~pytest_llmperf.sim.scheduler.replay`), with each request's prompt lengths read from its
 answer's usage and its images' vision tokens and encoder FLOPs from the perf model. Every image
@@ -38,6 +41,26 @@ if TYPE_CHECKING:
     from pytest_llmperf.sim.perfmodel import PerfModel
 
 KINDS = ("text-chat", "image-chat", "embeddings", "rerank")  # text-chat: the HTTP path's reference
+# Issue 31: structured output under a grammar (1 ms a position, to make it visible), requests over 8
+# LoRA adapters with 2 slots (every request a miss), speculative decoding with 3 drafts.
+ISSUE31_KINDS = ("json-chat", "lora-chat", "spec-chat")
+KIND_CONFIG: dict[str, dict[str, Any]] = {
+    "json-chat": {"constrained_overhead_s": 1e-3},
+    "lora-chat": {"lora_prefix": "lora-", "max_loras": 2},
+    "spec-chat": {"spec_tokens": 3},
+}
+KIND_FLAGS: dict[str, tuple[str, ...]] = {
+    "json-chat": ("--constrained-overhead-s", "0.001"),
+    "lora-chat": ("--lora-prefix", "lora-", "--max-loras", "2"),
+    "spec-chat": ("--spec-tokens", "3"),
+}
+METRIC = {"text-chat": "TTFT", "image-chat": "TTFT", "embeddings": "E2E", "rerank": "E2E", "json-chat": "TPOT",
+          "lora-chat": "TTFT", "spec-chat": "TPOT"}
+CHAT_KINDS = ("text-chat", "image-chat", *ISSUE31_KINDS)
+# The answer of json-chat: a list of 8 to 16 strings of 1-6 words (about 60 tokens).
+ITEMS_SCHEMA = {"type": "object", "properties": {"items": {"type": "array", "items": {"type": "string"},
+                                                           "minItems": 8, "maxItems": 16}},
+                "required": ["items"], "additionalProperties": False}
 # A user message's content starts after <|begin_of_text|> and the message header (4 tokens).
 CONTENT_OFFSET = CHAT_PREFIX_TOKENS + CHAT_TOKENS_PER_MESSAGE - 1
 
@@ -59,6 +82,8 @@ class Shape:
     query_words: int = 32  # rerank
     documents: int = 8  # rerank
     document_words: int = 256  # rerank
+    adapters: int = 8  # lora-chat: requests go round robin over lora-1 .. lora-N
+    decode_tokens: int = 64  # spec-chat
 
 
 @dataclass
@@ -70,6 +95,7 @@ class Sent:
     prompt_lens: tuple[int, ...] = ()
     output_len: int = 0
     images: tuple[tuple[int, int], ...] = ()  # (width, height)
+    adapter: str | None = None
     error: str | None = None
 
 
@@ -103,15 +129,24 @@ def _words(rng: random.Random, n: int) -> str:
 def _bodies(kind: str, shape: Shape, count: int, seed: int) -> list[dict[str, Any]]:
     rng = random.Random(f"{kind}:{seed}")
     out: list[dict[str, Any]] = []
-    for _ in range(count):
-        if kind in ("image-chat", "text-chat"):
+    for i in range(count):
+        if kind in CHAT_KINDS:
             content: list[dict[str, Any]] = [{"type": "text", "text": _words(rng, shape.text_words)}]
             if kind == "image-chat":
                 jpeg = make_image(shape.image_width, shape.image_height, rng.getrandbits(63))
                 url = "data:image/jpeg;base64," + base64.b64encode(jpeg).decode()
                 content.insert(0, {"type": "image_url", "image_url": {"url": url}})
-            out.append({"messages": [{"role": "user", "content": content}], "max_tokens": shape.output_tokens,
-                        "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}})
+            body: dict[str, Any] = {"messages": [{"role": "user", "content": content}], "max_tokens": shape.output_tokens,
+                                    "ignore_eos": True, "stream": True,
+                                    "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+            if kind == "json-chat":
+                body["response_format"] = {"type": "json_schema", "json_schema": {"name": "items", "schema": ITEMS_SCHEMA}}
+                body["max_tokens"] = 512
+            elif kind == "lora-chat":
+                body["model"] = f"lora-{i % shape.adapters + 1}"
+            elif kind == "spec-chat":
+                body["max_tokens"] = shape.decode_tokens
+            out.append(body)
         elif kind == "embeddings":
             out.append({"input": [_words(rng, shape.input_words) for _ in range(shape.batch_size)]})
         elif kind == "rerank":
@@ -124,20 +159,30 @@ def _bodies(kind: str, shape: Shape, count: int, seed: int) -> list[dict[str, An
 
 async def _one(client: httpx.AsyncClient, kind: str, body: dict[str, Any], shape: Shape, rec: Sent) -> None:
     try:
-        if kind in ("image-chat", "text-chat"):
+        if kind in CHAT_KINDS:
+            first = last = None
             async with client.stream("POST", "/v1/chat/completions", json=body) as response:
                 response.raise_for_status()
                 async for line in response.aiter_lines():
                     if not line.startswith("data: ") or line == "data: [DONE]":
                         continue
                     event = json.loads(line[len("data: "):])
-                    if rec.latency_s != rec.latency_s and event["choices"] and event["choices"][0]["delta"].get("content"):
-                        rec.latency_s = perf_counter() - rec.sent_s  # first token
+                    if event["choices"] and event["choices"][0]["delta"].get("content"):
+                        last = perf_counter()
+                        first = first or last
                     if event.get("usage"):
                         rec.prompt_lens = (event["usage"]["prompt_tokens"],)
-            rec.output_len = shape.output_tokens
+                        rec.output_len = event["usage"]["completion_tokens"]
+            if first is None or last is None:
+                rec.error = "no token streamed"
+                return
+            if METRIC[kind] == "TTFT":
+                rec.latency_s = first - rec.sent_s
+            elif rec.output_len > 1:
+                rec.latency_s = (last - first) / (rec.output_len - 1)
             if kind == "image-chat":
                 rec.images = ((shape.image_width, shape.image_height),)
+            rec.adapter = body.get("model")
         else:
             path = "/v1/embeddings" if kind == "embeddings" else "/v1/rerank"
             response = await client.post(path, json=body)
@@ -173,7 +218,10 @@ async def drive(
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits, trust_env=False) as client:
         # Warm one connection and the server's code paths; not recorded.
-        await _one(client, kind, _bodies(kind, shape, 1, seed + 7919)[0], shape, Sent(perf_counter()))
+        warm = _bodies(kind, shape, 1, seed + 7919)[0]
+        if kind == "lora-chat":
+            warm["model"] = "lora-0"  # an adapter the run does not use: its slot is free to take
+        await _one(client, kind, warm, shape, Sent(perf_counter()))
         start = perf_counter() + 0.05
         tasks = []
         for i, body in enumerate(bodies):
@@ -187,8 +235,10 @@ async def drive(
     return run
 
 
-def predict(perf: PerfModel, run: Run) -> list[float]:
-    """The model's latency for each of ``run.ok``: replayed TTFT (image chat) or E2E (pooling)."""
+def predict(perf: PerfModel, run: Run, seed: int = 0) -> list[float]:
+    """The model's latency for each of ``run.ok``: replayed TTFT (image and LoRA chat), E2E
+    (pooling) or TPOT (JSON and speculative chat; ``seed`` draws the acceptances). ``perf`` must
+    carry the kind's ``KIND_CONFIG``."""
     ok = run.ok
     requests = []
     for i, rec in enumerate(ok):
@@ -197,8 +247,12 @@ def predict(perf: PerfModel, run: Run) -> list[float]:
             ImageSlot(CONTENT_OFFSET, perf.image_tokens(w, h), (i << 8) + j, perf.image_flops(w, h))
             for j, (w, h) in enumerate(rec.images)
         )
-        requests.append(ReplayRequest(rec.sent_s, rec.prompt_lens, rec.output_len, images))
-    replayed = replay(perf, requests)
-    if run.kind in ("image-chat", "text-chat"):
+        grammar = 0 if run.kind == "json-chat" else None
+        requests.append(ReplayRequest(rec.sent_s, rec.prompt_lens, rec.output_len, images, rec.adapter, grammar))
+    replayed = replay(perf, requests, seed)
+    metric = METRIC[run.kind]
+    if metric == "TTFT":
         return [r.ttft_s for r in replayed]
+    if metric == "TPOT":
+        return [r.tpot_s if r.tpot_s is not None else float("nan") for r in replayed]
     return [r.e2e_s for r in replayed]

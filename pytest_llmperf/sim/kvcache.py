@@ -24,10 +24,13 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
 
-def block_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
-    """Chained hashes of the full blocks of ``token_ids`` (a trailing partial block is not hashed)."""
+def block_hashes(token_ids: Sequence[int], block_size: int, salt: int = 0) -> list[int]:
+    """Chained hashes of the full blocks of ``token_ids`` (a trailing partial block is not hashed).
+
+    ``salt`` starts the chain: vLLM puts a request's LoRA adapter into its block hashes, so equal
+    prompts under different adapters (or the base model) share no cached block."""
     out: list[int] = []
-    prev = 0
+    prev = salt
     for start in range(0, len(token_ids) - block_size + 1, block_size):
         prev = hash((prev, tuple(token_ids[start : start + block_size])))
         out.append(prev)

@@ -42,7 +42,7 @@ from pytest_llmperf.sim.scheduler import ImageSlot
 from pytest_llmperf.sim.tokenizer import TokenizerError, image_token_id
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
     from types import ModuleType
 
     from pytest_llmperf.sim.state import SimState
@@ -152,12 +152,16 @@ class ImageLoader:
             await client.aclose()
 
 
-async def chat_prompt(state: SimState, data: Mapping[str, object]) -> tuple[list[int], tuple[ImageSlot, ...]]:
-    """The chat request's prompt ids, vision tokens included, and its images' slots."""
+async def chat_prompt(
+    state: SimState, data: Mapping[str, object], tools: Sequence[object] | None = None
+) -> tuple[list[int], tuple[ImageSlot, ...]]:
+    """The chat request's prompt ids, vision tokens (and ``tools``' system message) included, and
+    its images' slots."""
     if "messages" not in data:
         raise ApiError(400, "messages: field required", "messages")
     try:
-        ids, parts = state.tokenizer.encode_chat_parts(data["messages"], bool_field(data, "add_generation_prompt", True))
+        ids, parts = state.tokenizer.encode_chat_parts(
+            data["messages"], bool_field(data, "add_generation_prompt", True), tools)
     except TokenizerError as exc:
         raise ApiError(400, str(exc), "messages") from None
     if not parts or state.config.ignore_images:

@@ -20,8 +20,18 @@ the others over windows of w patches):
     F_image    = 2·P_vit·N + 4·d·N·(L_full·N + (L_v − L_full)·min(N, w)) + 2·P_proj·V
     encoder_s  = max(ΣF_image / (G · peak · eff_vision), W_vision / (G · hbm · eff_memory)) · slowdown
 
-(the encoder's weights W_vision are read once per step that encodes). The derivation and the
-source of every constant are in docs/simulator.md.
+(the encoder's weights W_vision are read once per step that encodes).
+
+Issue 31's costs, added by the scheduler to the step they fall in (all × slowdown):
+
+    grammar_s  = constrained_overhead_s · (positions sampled under a grammar in the step)
+    lora_s     = lora_load_s · (adapters loaded into a GPU slot in the step)
+    lora step  = model_s · (1 + lora_step_overhead · distinct adapters in the step)
+    draft_s    = spec_draft_cost · (model_s(T₁, A₁, R₁) + (K − 1) · model_s(S, A_S, R_S))
+
+with K = ``spec_tokens`` draft tokens, (T₁, A₁, R₁) the step as it would be without speculation
+(each verifying sequence one token) and S the sequences that sample in the step, one token each
+(:meth:`draft_time_s`). The derivation and the source of every constant are in docs/simulator.md.
 """
 
 from __future__ import annotations
@@ -83,13 +93,36 @@ class PerfModel:
         max_num_batched_tokens: int | None = None,
         num_gpu_blocks: int | None = None,
         encoder_cache_tokens: int | None = None,
+        constrained_overhead_s: float = 0.0,
+        max_loras: int = 1,
+        lora_load_s: float = 0.0,
+        lora_step_overhead: float = 0.0,
+        spec_tokens: int = 0,
+        spec_accept: float = 0.0,
+        spec_draft_cost: float = 0.0,
     ) -> None:
         if not slowdown > 0:
             raise InputError(f"slowdown must be positive, got {slowdown!r}")
         if not time_scale > 0:
             raise InputError(f"time_scale must be positive, got {time_scale!r}")
+        for name, value in (("constrained_overhead_s", constrained_overhead_s), ("lora_load_s", lora_load_s),
+                            ("lora_step_overhead", lora_step_overhead), ("spec_draft_cost", spec_draft_cost)):
+            if not value >= 0:
+                raise InputError(f"{name} must be non-negative, got {value!r}")
+        if max_loras < 1 or spec_tokens < 0 or not 0.0 <= spec_accept <= 1.0:
+            raise InputError(f"max_loras must be >= 1, spec_tokens >= 0 and spec_accept in [0, 1]; got "
+                             f"{max_loras!r}, {spec_tokens!r}, {spec_accept!r}")
         self.preset = preset
         self.slowdown = float(slowdown)
+        # Issue 31's knobs (docs/simulator.md, "Tool calls, structured output, LoRA and speculative
+        # decoding"): what the scheduler adds to a step; the durations are model seconds before slowdown.
+        self.constrained_overhead_s = float(constrained_overhead_s)
+        self.max_loras = int(max_loras)
+        self.lora_load_s = float(lora_load_s)
+        self.lora_step_overhead = float(lora_step_overhead)
+        self.spec_tokens = int(spec_tokens)
+        self.spec_accept = float(spec_accept)
+        self.spec_draft_cost = float(spec_draft_cost)
         self.time_scale = float(time_scale)
         model, gpu, eng, tp = preset.model, preset.gpu, preset.engine, preset.num_gpus
         self.zero_cost = eng.zero_cost
@@ -180,6 +213,46 @@ class PerfModel:
         comm = self._comm_fixed_s + self._comm_per_token_s * num_tokens if self._comm_fixed_s else 0.0
         total = self.step_time_s(num_tokens, attn_pairs, kv_read_tokens)
         return StepCost(compute, memory, comm, self._overhead_s, total)
+
+    def grammar_time_s(self, positions: int) -> float:
+        """Model seconds (slowdown included) of the grammar masks for ``positions`` sampled positions
+        of constrained sequences: the structured-output backend's CPU time, serial with the step."""
+        if positions <= 0 or self.zero_cost:
+            return 0.0
+        return self.constrained_overhead_s * positions * self.slowdown
+
+    def lora_load_time_s(self, loads: int) -> float:
+        """Model seconds (slowdown included) for loading ``loads`` adapters into GPU slots."""
+        if loads <= 0 or self.zero_cost:
+            return 0.0
+        return self.lora_load_s * loads * self.slowdown
+
+    def lora_factor(self, distinct_adapters: int) -> float:
+        """What a step's model cost is multiplied by when its batch holds ``distinct_adapters``."""
+        return 1.0 + self.lora_step_overhead * distinct_adapters
+
+    def draft_time_s(
+        self, base_tokens: int, base_pairs: float, base_kv: float, samplers: int, sampler_pairs: float, sampler_kv: float
+    ) -> float:
+        """The draft model's cost in a step (slowdown included), as vLLM V1 runs a drafter after the
+        target's forward pass: one pass over the step's tokens as they would be without speculation
+        (``base_*``), then K − 1 passes of one token for each of the ``samplers`` sequences that
+        sample; each pass costs ``spec_draft_cost`` of the target's step over the same tokens."""
+        k = self.spec_tokens
+        if not k or self.zero_cost or not self.spec_draft_cost:
+            return 0.0
+        cost = self.step_time_s(base_tokens, base_pairs, base_kv)
+        if k > 1 and samplers:
+            cost += (k - 1) * self.step_time_s(samplers, sampler_pairs, sampler_kv)
+        return self.spec_draft_cost * cost
+
+    @staticmethod
+    def spec_expected_tokens(k: int, accept: float) -> float:
+        """Expected tokens a verifying step emits per sequence: 1 + Σ_{i=1..K} P^i =
+        (1 − P^(K+1)) / (1 − P) (each draft accepted with probability P until the first rejection)."""
+        if accept >= 1.0:
+            return float(k + 1)
+        return (1.0 - accept ** (k + 1)) / (1.0 - accept)
 
     def prefill_step_time_s(self, new_tokens: int, context_tokens: int = 0) -> float:
         """One step computing ``new_tokens`` prompt tokens after ``context_tokens`` cached ones."""

@@ -64,14 +64,6 @@ async def json_body(request: Request) -> dict[str, object]:
     return data
 
 
-def check_model(model_name: str, data: Mapping[str, object]) -> None:
-    model = data.get("model")
-    if model is None:
-        return  # vLLM serves its only model when the field is left out
-    if model != model_name:
-        raise ApiError(404, f"The model `{model}` does not exist.", "model")
-
-
 def int_field(data: Mapping[str, object], key: str, minimum: int) -> int | None:
     value = data.get(key)
     if value is None:

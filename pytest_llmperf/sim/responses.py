@@ -148,12 +148,20 @@ class Generation:
                 "reasoning_content": plan.text(0, r) if r else None,
                 "tool_calls": [],
             }
+            call = plan.call
+            if call is not None:
+                chars = call.chars(n - r)
+                message["content"] = None
+                if chars >= call.name_end:
+                    arguments = call.text[call.args_start : min(call.args_end, max(chars, call.args_start))]
+                    message["tool_calls"] = [{"id": call.id, "type": "function",
+                                              "function": {"name": call.name, "arguments": arguments}}]
             choice = {"index": 0, "message": message, "logprobs": None}
             obj = "chat.completion"
         else:
             choice = {"index": 0, "text": plan.text(0, n), "logprobs": None}
             obj = "text_completion"
-        choice["finish_reason"] = seq.finish_reason
+        choice["finish_reason"] = "tool_calls" if plan.call is not None and seq.finish_reason == "stop" else seq.finish_reason
         choice["stop_reason"] = plan.stop_reason
         return {
             "id": seq.request_id,
@@ -185,7 +193,7 @@ def usage_block(prompt: int, completion: int, cached: int, reasoning: int) -> di
 class EventWriter:
     """Builds a request's SSE events from string templates (one json.dumps per text, no dicts)."""
 
-    __slots__ = ("gen", "chat", "head", "role_sent", "prompt_len", "usage_each", "stamp")
+    __slots__ = ("gen", "chat", "head", "role_sent", "prompt_len", "usage_each", "stamp", "call_open", "args_sent")
 
     def __init__(self, gen: Generation) -> None:
         self.gen = gen
@@ -199,6 +207,8 @@ class EventWriter:
         self.prompt_len = gen.seq.prompt_len
         self.usage_each = gen.req.continuous_usage
         self.stamp = gen.state.config.stamp_chunks
+        self.call_open = False  # the call's first delta (id, name) went out
+        self.args_sent = 0  # characters of its arguments sent
 
     def _event(self, choice: str, completion_tokens: int) -> str:
         out = self.head + choice + "]"
@@ -232,8 +242,45 @@ class EventWriter:
             events.append(self._event(self._choice("reasoning_content", plan.text(start, mid), final and mid == end), mid))
             start = mid
         if start < end:
-            events.append(self._event(self._choice("content", plan.text(start, end), final), end))
+            if plan.call is not None:
+                event = self._call_event(start - r, end - r, final)
+                if event is not None:
+                    events.append(self._event(event, end))
+            else:
+                events.append(self._event(self._choice("content", plan.text(start, end), final), end))
         return "".join(events).encode()
+
+    def _call_event(self, start: int, end: int, final: bool) -> str | None:
+        """The choice of a chunk holding visible tokens ``[start, end)`` of a tool call, shaped as
+        vLLM's tool parsers stream it: nothing until the function's name is complete, then one
+        delta with the call's index, id, type and name (and the arguments' text so far), then the
+        arguments' new text in each chunk; None when the tokens add nothing to send (vLLM sends no
+        chunk then). The last chunk carries finish_reason ``tool_calls`` (``length`` if cut)."""
+        call = self.gen.plan.call
+        assert call is not None
+        chars = call.chars(end)
+        upto = min(call.args_end, max(chars, call.args_start)) - call.args_start
+        delta: dict[str, object] | None = None
+        if not self.call_open:
+            if chars >= call.name_end:
+                self.call_open = True
+                delta = {"index": 0, "id": call.id, "type": "function",
+                         "function": {"name": call.name, "arguments": call.arguments[:upto]}}
+                self.args_sent = upto
+        elif upto > self.args_sent:
+            delta = {"index": 0, "function": {"arguments": call.arguments[self.args_sent : upto]}}
+            self.args_sent = upto
+        if delta is None and not final:
+            return None
+        body = json.dumps({"tool_calls": [delta]} if delta is not None else {}, separators=(",", ":"))
+        finish = "null"
+        extra = ""
+        if final:
+            plan = self.gen.plan
+            finish = json.dumps(plan.finish_reason)
+            extra = f',"stop_reason":{json.dumps(plan.stop_reason)}'
+        return f'{{"index":0,"delta":{body},"logprobs":null,"finish_reason":{finish}{extra}}}'
+
 
     def _choice(self, key: str, text: str, final: bool) -> str:
         finish = "null"

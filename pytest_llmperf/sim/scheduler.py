@@ -22,13 +22,32 @@ first reaches an image runs the vision encoder on it, as vLLM V1 schedules encod
 the chunk that needs them (normally the first prefill step), unless the encoder-output cache
 already holds that image or a prefix-cache hit covers all of its tokens; the step's cost then
 adds ``PerfModel.encoder_time_s`` of the FLOPs encoded in it.
+
+Issue 31 (docs/simulator.md has the formulas and the sources of the defaults):
+
+- Constrained decoding: a sequence with ``grammar_from`` set samples its tokens from that index on
+  under a grammar; the step that samples such a token adds ``PerfModel.grammar_time_s`` per
+  position masked (1, or K + 1 when the step verifies K drafts).
+- LoRA: a sequence with ``lora`` > 0 runs under that adapter. At most ``max_loras`` distinct
+  adapters are among the running sequences (vLLM V1's rule: a waiting request whose adapter would
+  exceed it is skipped, and the requests behind it may go first); the GPU holds ``max_loras``
+  adapters, least recently used evicted first (never one a running sequence uses), and the step
+  that admits a sequence whose adapter is not resident pays ``PerfModel.lora_load_time_s`` (vLLM
+  loads it in the worker before that step's forward pass: the whole step waits). A step's model
+  cost is multiplied by ``PerfModel.lora_factor`` of its distinct adapters.
+- Speculative decoding (``PerfModel.spec_tokens`` K > 0): a decoding sequence computes K + 1
+  positions per step (its last token and K drafts, out of the token budget and the KV cache);
+  each draft is accepted with probability ``spec_accept`` until the first rejection (drawn from
+  the core's seeded RNG), and the sequence emits 1 + accepted tokens, at most what it has left.
+  The step adds the drafter's cost (``PerfModel.draft_time_s``).
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections import deque
+import random
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +60,7 @@ if TYPE_CHECKING:
     from pytest_llmperf.sim.perfmodel import PerfModel
 
 WAITING, RUNNING, FINISHED = 0, 1, 2
+NO_GRAMMAR = 1 << 62  # Sequence.grammar_from when no token is sampled under a grammar
 
 
 class SimulationStalled(LLMPerfError, RuntimeError):
@@ -65,7 +85,9 @@ class Sequence:
     ``target_len`` is how many tokens it will generate (its natural length, or max_tokens, or
     where a stop string fell), ending with ``target_reason``; 0 for a prefill-only sequence.
     ``images`` are the prompt's images in prompt order; ``mm_pending`` counts those the
-    prefill has not reached yet. ``waiter`` is an optional future
+    prefill has not reached yet. ``lora`` is its adapter (0: the base model); ``grammar_from`` the
+    index of its first token sampled under a grammar (``NO_GRAMMAR``: none); ``lora_loaded`` says
+    its admission loaded its adapter (a cache miss). ``waiter`` is an optional future
     the HTTP handler parks on; it is resolved once ``num_output`` reaches ``notify_at`` or the
     sequence ends, so a handler wakes once per chunk it can send, not once per step.
     """
@@ -74,7 +96,7 @@ class Sequence:
         "request_id", "prompt_len", "block_hashes", "target_len", "target_reason", "arrival_s",
         "status", "num_computed", "num_output", "anon_blocks", "refs", "sched_n",
         "first_token_s", "finish_s", "finish_reason", "cached_tokens", "num_preemptions",
-        "waiter", "notify_at", "images", "mm_pending",
+        "waiter", "notify_at", "images", "mm_pending", "lora", "grammar_from", "spec_n", "lora_loaded",
     )  # fmt: skip
 
     def __init__(
@@ -86,6 +108,8 @@ class Sequence:
         target_reason: str = "length",
         arrival_s: float = 0.0,
         images: tuple[ImageSlot, ...] = (),
+        lora: int = 0,
+        grammar_from: int | None = None,
     ) -> None:
         if prompt_len < 1 or target_len < 0:
             raise InputError("a sequence needs at least one prompt token and a non-negative output length")
@@ -110,6 +134,10 @@ class Sequence:
         self.notify_at = 1
         self.images = images
         self.mm_pending = len(images)
+        self.lora = lora
+        self.grammar_from = NO_GRAMMAR if grammar_from is None else grammar_from
+        self.spec_n = 0  # drafts this step verifies for it
+        self.lora_loaded = False
 
     @property
     def finished(self) -> bool:
@@ -137,18 +165,35 @@ class SchedulerStats:
     steps: int = 0
     encoder_runs: int = 0  # images encoded
     encoder_cache_hits: int = 0  # images found in the encoder-output cache
+    lora_loads: int = 0  # adapters loaded into a GPU slot (admissions that missed)
+    lora_hits: int = 0  # admissions whose adapter was resident
+    grammar_positions: int = 0  # positions sampled under a grammar
+    spec_drafts: int = 0  # verification steps of a sequence (vLLM's spec_decode_num_drafts)
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_accepted_per_pos: list[int] = field(default_factory=list)
     finished: dict[str, int] = field(default_factory=dict)
 
 
 class SchedulerCore:
-    def __init__(self, perf: PerfModel) -> None:
+    """The scheduler's state; ``seed`` seeds the draws of speculative decoding's acceptances."""
+
+    def __init__(self, perf: PerfModel, seed: int = 0) -> None:
         self.perf = perf
         self.block_size = perf.block_size
         self.pool = BlockPool(perf.num_gpu_blocks)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self.stats = SchedulerStats()
+        self.stats = SchedulerStats(spec_accepted_per_pos=[0] * perf.spec_tokens)
         self.encoder_cache = EncoderCache(perf.encoder_cache_tokens)
+        self.rng = random.Random(seed)
+        # Adapters in GPU slots (insertion order = least recently used first) and running sequences
+        # per adapter.
+        self.lora_resident: OrderedDict[int, None] = OrderedDict()
+        self.lora_running: dict[int, int] = {}
+        # Whether a step must find the sequences that sample (the grammar's and the drafter's
+        # costs need them): set once a grammar sequence arrives, or with speculative decoding.
+        self._track = perf.spec_tokens > 0
 
     @property
     def has_work(self) -> bool:
@@ -164,6 +209,38 @@ class SchedulerCore:
             )
         seq.status = WAITING
         self.waiting.append(seq)
+        if seq.grammar_from != NO_GRAMMAR:
+            self._track = True
+
+    def _lora_stop(self, seq: Sequence) -> None:
+        """``seq`` leaves the running set (finished, aborted, preempted): one user fewer for its adapter."""
+        running = self.lora_running
+        left = running[seq.lora] - 1
+        if left:
+            running[seq.lora] = left
+        else:
+            del running[seq.lora]
+
+    def _lora_admit(self, seq: Sequence) -> int:
+        """Make ``seq``'s adapter resident (LRU); 1 when that took a load, else 0."""
+        resident = self.lora_resident
+        lora = seq.lora
+        self.lora_running[lora] = self.lora_running.get(lora, 0) + 1
+        if lora in resident:
+            resident.move_to_end(lora)
+            self.stats.lora_hits += 1
+            return 0
+        if len(resident) >= self.perf.max_loras:
+            # The scheduler admits a new adapter only while fewer than max_loras run, so a slot
+            # whose adapter no running sequence uses exists.
+            for victim in resident:
+                if victim not in self.lora_running:
+                    del resident[victim]
+                    break
+        resident[lora] = None
+        self.stats.lora_loads += 1
+        seq.lora_loaded = True
+        return 1
 
     def abort(self, seq: Sequence, now_s: float = 0.0) -> bool:
         """Drop a sequence wherever it is (client went away); False if it had already ended."""
@@ -175,6 +252,8 @@ class SchedulerCore:
             self.running.remove(seq)
             self.pool.release(seq.anon_blocks, seq.refs)
             seq.anon_blocks = 0
+            if seq.lora:
+                self._lora_stop(seq)
         self._mark_finished(seq, "abort", now_s)
         return True
 
@@ -193,6 +272,8 @@ class SchedulerCore:
         victim.status = WAITING
         victim.mm_pending = len(victim.images)  # recomputed from scratch: encoded again (unless cached)
         victim.num_preemptions += 1
+        if victim.lora:
+            self._lora_stop(victim)
         self.waiting.appendleft(victim)
         self.stats.preemptions += 1
         return victim
@@ -224,21 +305,41 @@ class SchedulerCore:
     def schedule(self) -> StepPlan | None:
         """Pick this step's work (allocating KV blocks for it); None when nothing can run."""
         bs = self.block_size
-        budget = self.perf.max_num_batched_tokens
+        perf = self.perf
+        budget = perf.max_num_batched_tokens
         pool = self.pool
         running = self.running
+        spec_k = perf.spec_tokens
+        max_len = perf.max_model_len
         plan: list[Sequence] = []
         num_tokens = 0
         pairs = 0.0
         kv_read = 0
         encoder_flops = 0.0
         preempted = False
+        # Issue 31's tallies: grammar positions, adapters (distinct, loaded), and for the drafter
+        # the step without speculation (*1) and the sequences that sample (samplers, *_s).
+        grammar = 0
+        adapters: set[int] | None = None
+        loads = 0
+        extra = 0  # positions beyond one per verifying sequence (K each)
+        extra_pairs = 0.0
+        extra_kv = 0
+        samplers = 0
+        sampler_pairs = 0.0
+        sampler_kv = 0
+        track = self._track
 
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
             c = seq.num_computed
             n = seq.prompt_len + seq.num_output - c
+            spec = 0
+            if spec_k and n == 1 and seq.num_output:
+                # Decoding: verify the last token and K drafts (fewer at the end of the context).
+                spec = min(spec_k, max_len - c - 1, budget - 1)
+                n += spec
             if n > budget:
                 n = budget
             need = (c + n + bs - 1) // bs - seq.anon_blocks - len(seq.refs)
@@ -252,6 +353,8 @@ class SchedulerCore:
                 pool.allocate(need)
                 seq.anon_blocks += need
             seq.sched_n = n
+            if spec_k:
+                seq.spec_n = spec
             if seq.mm_pending:
                 encoder_flops += self._encode(seq, c, c + n)
             plan.append(seq)
@@ -259,14 +362,36 @@ class SchedulerCore:
             pairs += n * (c + (n + 1) * 0.5)
             kv_read += c + n
             budget -= n
+            if track and c + n - spec == seq.prompt_len + seq.num_output:  # samples in this step
+                if seq.num_output >= seq.grammar_from:
+                    grammar += 1 + spec
+                if spec_k:
+                    samplers += 1
+                    sampler_pairs += c + n - spec
+                    sampler_kv += c + n - spec
+                    if spec:
+                        extra += spec
+                        extra_pairs += n * (c + (n + 1) * 0.5) - (c + 1)
+                        extra_kv += spec
+            if seq.lora:
+                if adapters is None:
+                    adapters = set()
+                adapters.add(seq.lora)
             i += 1
 
         if not preempted:
             waiting = self.waiting
-            max_seqs = self.perf.max_num_seqs
+            max_seqs = perf.max_num_seqs
+            max_loras = perf.max_loras
+            lora_running = self.lora_running
             stats = self.stats
+            skipped: list[Sequence] = []
             while waiting and budget > 0 and len(running) < max_seqs:
                 seq = waiting[0]
+                if seq.lora and seq.lora not in lora_running and len(lora_running) >= max_loras:
+                    # vLLM V1: admitting it would exceed max_loras; skip it, keep its place.
+                    skipped.append(waiting.popleft())
+                    continue
                 total = seq.prompt_len + seq.num_output
                 # The last token is always recomputed so the step has something to sample from.
                 max_hit = min(len(seq.block_hashes), (total - 1) // bs)
@@ -290,26 +415,69 @@ class SchedulerCore:
                 if seq.cached_tokens is None:
                     seq.cached_tokens = c
                 seq.sched_n = n
+                if spec_k:
+                    seq.spec_n = 0
                 if seq.mm_pending:
                     encoder_flops += self._encode(seq, c, c + n)
+                if seq.lora:
+                    loads += self._lora_admit(seq)
+                    if adapters is None:
+                        adapters = set()
+                    adapters.add(seq.lora)
                 plan.append(seq)
                 num_tokens += n
                 pairs += n * (c + (n + 1) * 0.5)
                 kv_read += c + n
                 budget -= n
+                if track and c + n == total:  # its prompt (or recompute) ends here: it samples
+                    if seq.num_output >= seq.grammar_from:
+                        grammar += 1
+                    if spec_k:
+                        samplers += 1
+                        sampler_pairs += total
+                        sampler_kv += total
+            if skipped:
+                waiting.extendleft(reversed(skipped))
 
         if not plan:
             return None
-        cost = self.perf.step_time_s(num_tokens, pairs, kv_read)
+        cost = perf.step_time_s(num_tokens, pairs, kv_read)
+        if spec_k:
+            cost += perf.draft_time_s(num_tokens - extra, pairs - extra_pairs, kv_read - extra_kv,
+                                      samplers, sampler_pairs, sampler_kv)
+        if adapters:
+            cost *= perf.lora_factor(len(adapters))
         if encoder_flops:
             # vLLM V1 runs the step's encoder inputs first, then the model: the costs add.
-            cost += self.perf.encoder_time_s(encoder_flops)
+            cost += perf.encoder_time_s(encoder_flops)
+        if grammar:
+            self.stats.grammar_positions += grammar
+            cost += perf.grammar_time_s(grammar)
+        if loads:
+            cost += perf.lora_load_time_s(loads)
         return StepPlan(plan, num_tokens, cost)
+
+    def _accepted(self, drafts: int) -> int:
+        """Drafts accepted of ``drafts``: each with probability spec_accept, up to the first rejection."""
+        p = self.perf.spec_accept
+        rand = self.rng.random
+        a = 0
+        while a < drafts and rand() < p:
+            a += 1
+        stats = self.stats
+        stats.spec_drafts += 1
+        stats.spec_draft_tokens += drafts
+        stats.spec_accepted_tokens += a
+        per_pos = stats.spec_accepted_per_pos
+        for j in range(a):
+            per_pos[j] += 1
+        return a
 
     def complete(self, plan: StepPlan, now_s: float) -> tuple[list[Sequence], list[Sequence]]:
         """Apply a finished step: advance, sample, finish. Returns (got first token, finished)."""
         bs = self.block_size
         pool = self.pool
+        spec_k = self.perf.spec_tokens
         first: list[Sequence] = []
         done: list[Sequence] = []
         generated = 0
@@ -318,7 +486,16 @@ class SchedulerCore:
             if seq.status != RUNNING:
                 continue  # aborted or preempted while the step was in flight
             old = seq.num_computed
-            new = old + seq.sched_n
+            spec = seq.spec_n if spec_k else 0
+            if spec:
+                # The last token and the accepted drafts are now computed; the rejected ones'
+                # KV slots are rolled back. Every accepted draft is a token, plus the one the
+                # target samples after them (the bonus token, or the rejected draft's correction).
+                emitted = min(1 + self._accepted(spec), seq.target_len - seq.num_output)
+                new = old + emitted
+            else:
+                emitted = 1
+                new = old + seq.sched_n
             seq.num_computed = new
             hashes = seq.block_hashes
             if old < len(hashes) * bs:
@@ -328,7 +505,7 @@ class SchedulerCore:
                     if pool.register(h):
                         seq.anon_blocks -= 1
                         seq.refs.append(h)
-            if new != seq.prompt_len + seq.num_output:
+            if new != seq.prompt_len + seq.num_output + emitted - 1:
                 continue  # mid-prompt chunk: nothing sampled yet
             if not seq.target_len:
                 # Prefill-only: the prompt is computed and that is all (no token is sampled).
@@ -343,9 +520,9 @@ class SchedulerCore:
                     if not waiter.done():
                         waiter.set_result(None)
                 continue
-            k = seq.num_output + 1
+            k = seq.num_output + emitted
             seq.num_output = k
-            generated += 1
+            generated += emitted
             if k == 1:
                 seq.first_token_s = now_s
                 prompt_tokens += seq.prompt_len
@@ -353,6 +530,8 @@ class SchedulerCore:
             if k >= seq.target_len:
                 pool.release(seq.anon_blocks, seq.refs)
                 seq.anon_blocks = 0
+                if seq.lora:
+                    self._lora_stop(seq)
                 self._mark_finished(seq, seq.target_reason, now_s)
                 done.append(seq)
                 waiter = seq.waiter
@@ -382,13 +561,17 @@ class ReplayRequest:
     them prefill-only; the request is done when all of them are. ``images`` are the first
     sequence's images (:class:`ImageSlot`: offsets, vision tokens, content keys, encoder FLOPs,
     e.g. from ``PerfModel.image_tokens`` / ``image_flops``); images with equal keys hit the
-    encoder cache as they would live.
+    encoder cache as they would live. ``adapter`` names its LoRA adapter (None: the base model;
+    equal names share a GPU slot); ``grammar_from`` is the index of its first token sampled under a
+    grammar (0: all of them, as for ``response_format``; None: none).
     """
 
     arrival_s: float
     prompt_lens: tuple[int, ...]
     output_len: int = 1
     images: tuple[ImageSlot, ...] = ()
+    adapter: str | None = None
+    grammar_from: int | None = None
 
     def __post_init__(self) -> None:
         if not self.prompt_lens:
@@ -426,7 +609,9 @@ class ReplayedRequest:
         return (self.finish_s - self.first_token_s) / (self.output_tokens - 1)
 
 
-def replay(perf: PerfModel, requests: Sequence_[tuple[float, int, int] | ReplayRequest]) -> list[ReplayedRequest]:
+def replay(
+    perf: PerfModel, requests: Sequence_[tuple[float, int, int] | ReplayRequest], seed: int = 0
+) -> list[ReplayedRequest]:
     """Run the scheduler offline on a fixed arrival schedule, stepping time as :class:`Engine` does.
 
     ``requests`` holds ``(arrival_s, prompt_len, output_len)`` tuples or :class:`ReplayRequest` s
@@ -435,12 +620,14 @@ def replay(perf: PerfModel, requests: Sequence_[tuple[float, int, int] | ReplayR
     starts when the previous one ends (back to back while there is work, each lasting
     ``cost_s × time_scale``), or at the arrival that wakes an idle engine; a request that arrives
     while a step is in flight joins the *next* step. So the result is what the live simulator
-    should produce on that schedule, less event-loop jitter and HTTP time.
-    Results are in input order.
+    should produce on that schedule, less event-loop jitter and HTTP time. With speculative
+    decoding the acceptances are drawn from ``seed`` (the live server draws its own, so only
+    statistics over many requests compare). Results are in input order.
     """
     reqs = [r if isinstance(r, ReplayRequest) else ReplayRequest(r[0], (r[1],), r[2]) for r in requests]
     order = sorted(range(len(reqs)), key=lambda i: reqs[i].arrival_s)
-    core = SchedulerCore(perf)
+    core = SchedulerCore(perf, seed)
+    adapter_ids: dict[str, int] = {}
     bs = perf.block_size
     scale = perf.time_scale
     unique = itertools.count(1)
@@ -454,8 +641,10 @@ def replay(perf: PerfModel, requests: Sequence_[tuple[float, int, int] | ReplayR
             for j, prompt_len in enumerate(req.prompt_lens):
                 hashes = [next(unique) for _ in range(prompt_len // bs)]
                 reason = "length" if req.output_len else "stop"
+                lora = adapter_ids.setdefault(req.adapter, len(adapter_ids) + 1) if req.adapter else 0
                 seq = Sequence(f"replay-{i}-{j}", prompt_len, hashes, req.output_len, reason,
-                               arrival_s=req.arrival_s, images=req.images if j == 0 else ())
+                               arrival_s=req.arrival_s, images=req.images if j == 0 else (), lora=lora,
+                               grammar_from=req.grammar_from)
                 core.add(seq)
                 seqs[i].append(seq)
             k += 1

@@ -7,6 +7,8 @@ seed always yields the same text and no per-token random numbers are drawn.
 
 from __future__ import annotations
 
+import itertools
+import json
 import math
 import random
 from dataclasses import dataclass
@@ -28,11 +30,38 @@ NATURAL_LENGTH_SIGMA = 0.7
 
 
 @dataclass(slots=True)
+class ToolCallPlan:
+    """A tool call in the visible output: its text is ``{"name": "N", "parameters": ARGS}``.
+
+    Offsets are in characters of the visible text: ``name_end`` just past the name's closing
+    quote (the first delta goes out once the tokens reach it, as vLLM's parser emits the name
+    once it is complete), ``[args_start, args_end)`` the arguments. ``ends[j]`` is where visible
+    token j's text ends."""
+
+    id: str
+    name: str
+    text: str
+    name_end: int
+    args_start: int
+    args_end: int
+    ends: list[int]
+
+    @property
+    def arguments(self) -> str:
+        return self.text[self.args_start : self.args_end]
+
+    def chars(self, tokens: int) -> int:
+        """Characters of the visible text that ``tokens`` visible tokens hold."""
+        return self.ends[tokens - 1] if tokens > 0 else 0
+
+
+@dataclass(slots=True)
 class OutputPlan:
     """The whole output of one request, decided when it arrives.
 
     Tokens ``[0, reasoning_tokens)`` are hidden reasoning, the rest visible. ``texts`` is only
-    set when a stop string cut the output (then each token's text is trimmed to the cut).
+    set when a stop string cut the output (then each token's text is trimmed to the cut) or the
+    output is a constrained answer (each token's text); ``call`` when that answer is a tool call.
     """
 
     target_len: int
@@ -41,6 +70,7 @@ class OutputPlan:
     reasoning_tokens: int
     offset: int
     texts: list[str] | None = None
+    call: ToolCallPlan | None = None
 
     def text(self, start: int, end: int) -> str:
         """Concatenated text of tokens ``[start, end)``."""
@@ -85,6 +115,38 @@ def plan_output(
     out = OutputPlan(target, reason, None, min(reasoning_tokens, target), offset)
     if stop:
         _apply_stop(out, tuple(stop), min_tokens, include_stop_str_in_output)
+    return out
+
+
+def plan_constrained(
+    pieces: list[str],
+    *,
+    max_tokens: int,
+    reasoning_tokens: int,
+    offset: int,
+    call: tuple[str, str, str] | None = None,
+) -> OutputPlan:
+    """The plan of a constrained answer whose visible tokens are ``pieces`` (the answer's text as
+    the tokenizer splits it), after ``reasoning_tokens`` of hidden reasoning read from the word
+    table at ``offset``. It ends when the answer does (``stop``, or ``tool_calls`` for a ``call``
+    given as (id, name, arguments)), or at ``max_tokens`` (``length``: the answer is cut short)."""
+    if max_tokens < 1:
+        raise InputError(f"max_tokens must be at least 1, got {max_tokens}")
+    reasoning = [WORD_TABLE[(offset + j) % _TABLE_SIZE] for j in range(reasoning_tokens)]
+    texts = reasoning + pieces
+    total = len(texts)
+    if total > max_tokens:
+        target, reason = max_tokens, "length"
+    else:
+        target, reason = total, "tool_calls" if call is not None else "stop"
+    out = OutputPlan(target, reason, None, min(reasoning_tokens, target), offset, texts[:target])
+    if call is not None:
+        call_id, name, arguments = call
+        text = "".join(pieces)
+        name_end = len('{"name": ') + len(json.dumps(name))
+        args_start = name_end + len(', "parameters": ')
+        ends = list(itertools.accumulate(len(p) for p in pieces))
+        out.call = ToolCallPlan(call_id, name, text, name_end, args_start, args_start + len(arguments), ends)
     return out
 
 

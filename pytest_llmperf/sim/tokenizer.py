@@ -18,6 +18,11 @@ Rules (docs/simulator.md has them too, for client authors):
 - Images in chat (``{"type": "image_url"}`` parts) become V placeholder tokens, all with the id
   ``FIRST_IMAGE_ID + key mod 2**30`` (``key`` from the image's content), inserted by the caller
   where :meth:`SimTokenizer.encode_chat_parts` says; they decode as ``<|image_pad|>``.
+- Tools (a chat request's ``tools``) are shown to the model as a system message right after
+  ``<|begin_of_text|>``: ``TOOLS_PREAMBLE`` then each tool as ``json.dumps(tool, indent=4)``,
+  joined by blank lines (Llama 3.1's template shows them so, in its first user message). An
+  assistant message's ``tool_calls`` are its content's continuation, each call as
+  :func:`tool_call_text` (what the model generated), so a follow-up turn hits the answer's blocks.
 - Embeddings inputs get ``<|begin_of_text|>`` (``add_special_tokens``, default on); a rerank
   (query, document) pair is ``<|begin_of_text|> query <|eot_id|> document <|end_of_text|>``:
   ``RERANK_SPECIAL_TOKENS`` (3) around the two texts, as a BERT-style cross-encoder's
@@ -26,6 +31,7 @@ Rules (docs/simulator.md has them too, for client authors):
 
 from __future__ import annotations
 
+import json
 import re
 import zlib
 from collections import OrderedDict
@@ -94,6 +100,24 @@ FIRST_HASHED_ID = 1 << 16
 FIRST_IMAGE_ID = FIRST_HASHED_ID + (1 << 30)
 IMAGE_PAD = "<|image_pad|>"
 RERANK_SPECIAL_TOKENS = 3  # <|begin_of_text|>, the <|eot_id|> separator, <|end_of_text|>
+
+
+# What the tools' system message says before the tools (Llama 3.1's template words, shortened).
+TOOLS_PREAMBLE = (
+    "Given the following functions, please respond with a JSON for a function call with its proper "
+    'arguments that best answers the given prompt. Respond in the format {"name": function name, '
+    '"parameters": dictionary of argument name and its value}. Do not use variables.\n\n'
+)
+
+
+def tool_call_text(name: str, arguments: str) -> str:
+    """A tool call as the model generates it (Llama 3.1's JSON format); ``arguments`` is JSON text."""
+    return '{"name": ' + json.dumps(name) + ', "parameters": ' + arguments + "}"
+
+
+def tools_text(tools: Sequence[Any]) -> str:
+    """The text of the tools' system message."""
+    return TOOLS_PREAMBLE + "\n\n".join(json.dumps(tool, indent=4) for tool in tools)
 
 
 class ImagePart(NamedTuple):
@@ -175,21 +199,26 @@ class SimTokenizer:
 
     # ------------------------------------------------------------------ chat
 
-    def encode_chat(self, messages: Any, add_generation_prompt: bool = True) -> list[int]:
+    def encode_chat(self, messages: Any, add_generation_prompt: bool = True, tools: Sequence[Any] | None = None) -> list[int]:
         """Apply the chat template to OpenAI-style text messages and encode the result."""
-        ids, images = self.encode_chat_parts(messages, add_generation_prompt)
+        ids, images = self.encode_chat_parts(messages, add_generation_prompt, tools)
         if images:
             raise TokenizerError(f"{images[0][1].where}: an image part needs a vision encoder (encode_chat_parts)")
         return ids
 
     def encode_chat_parts(
-        self, messages: Any, add_generation_prompt: bool = True
+        self, messages: Any, add_generation_prompt: bool = True, tools: Sequence[Any] | None = None
     ) -> tuple[list[int], list[tuple[int, ImagePart]]]:
         """The chat template's ids for the text, and each image part with the position in those ids
-        where its vision tokens go (in order). The caller inserts the placeholders (or drops them)."""
+        where its vision tokens go (in order). The caller inserts the placeholders (or drops them).
+        ``tools`` (as the request sent them) become a system message after ``<|begin_of_text|>``."""
         if not isinstance(messages, list) or not messages:
             raise TokenizerError("messages: expected a non-empty list of {role, content} objects")
         ids = [BOS_ID]
+        if tools:
+            ids += [START_HEADER_ID, _VOCAB["system"], END_HEADER_ID, _VOCAB["\n\n"]]
+            ids += self.encode(tools_text(tools))
+            ids.append(EOT_ID)
         images: list[tuple[int, ImagePart]] = []
         for i, message in enumerate(messages):
             if not isinstance(message, Mapping):
@@ -210,6 +239,8 @@ class SimTokenizer:
                 ids.extend(self.encode("".join(texts)))
                 texts.clear()
                 images.append((len(ids), part))
+            for call in _tool_calls(message.get("tool_calls"), f"messages[{i}].tool_calls"):
+                texts.append(call)
             ids.extend(self.encode("".join(texts)))
             ids.append(EOT_ID)
         if add_generation_prompt:
@@ -221,6 +252,24 @@ class SimTokenizer:
     def encode_pair(self, query: str, document: str) -> list[int]:
         """A rerank (query, document) pair as a cross-encoder reads it (3 special tokens)."""
         return pair_ids(self.encode(query), self.encode(document))
+
+
+def _tool_calls(calls: Any, where: str) -> list[str]:
+    """An assistant message's ``tool_calls`` as the text the model generated for them."""
+    if calls is None:
+        return []
+    if not isinstance(calls, list):
+        raise TokenizerError(f"{where}: expected a list of {{id, type: function, function: {{name, arguments}}}}")
+    out = []
+    for k, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+            raise TokenizerError(f"{where}[{k}]: expected {{id, type: function, function: {{name, arguments}}}}")
+        arguments = function.get("arguments", "")
+        if not isinstance(arguments, str):
+            arguments = json.dumps(arguments)
+        out.append(tool_call_text(function["name"], arguments))
+    return out
 
 
 def pair_ids(query_ids: list[int], document_ids: list[int]) -> list[int]:
