@@ -154,7 +154,8 @@ def new_record(request: PreparedRequest, phase: str, scheduled_s: float) -> Requ
         scheduled_s=scheduled_s, sent_s=scheduled_s,
         requested_output_tokens=request.max_tokens if streams(request.api) else None,
         output_length_fixed=request.output_length_fixed,
-        prompt_tokens_expected=request.prompt_tokens_expected,
+        # A chat template puts the tools into the prompt in its own words: no count of ours holds.
+        prompt_tokens_expected=request.prompt_tokens_expected if request.tools is None else None,
         session=request.session, turn=request.turn,
         # A constrained answer is checked whole at the end, so its text is kept too.
         response_text=[] if request.keep_text or request.tools is not None or request.response_format is not None
