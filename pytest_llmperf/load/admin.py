@@ -69,8 +69,9 @@ class AdminClient:
         return response.is_success
 
     async def tokenize(self, text: str | None = None, messages: list | None = None, *,
-                       model: str | None) -> list[int] | None:
-        """Token ids of ``text`` or of chat ``messages`` (chat template applied by the server).
+                       model: str | None, tools: list | None = None) -> list[int] | None:
+        """Token ids of ``text`` or of chat ``messages`` (chat template applied by the server;
+        ``tools``, as a chat request offers them, go into the template too where it takes them).
 
         Returns None when the server has no ``/tokenize`` (404/405). Text requests try vLLM's
         ``{"prompt": ...}``, then llama.cpp's ``{"content": ...}``, then TGI's ``{"inputs": ...}``,
@@ -90,6 +91,8 @@ class AdminClient:
             payload: dict[str, object] = {shape: messages if shape == "messages" else text}
             if model is not None and shape != "inputs":
                 payload["model"] = model
+            if tools is not None and shape == "messages":
+                payload["tools"] = tools
             response = await self._request("POST", url, payload)
             if response.status_code in (404, 405):
                 return None

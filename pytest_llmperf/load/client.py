@@ -157,10 +157,11 @@ class StreamingClient:
         """True when ``{root_url}/health`` answers 2xx; False on any error or refusal."""
         return await self._admin.health()
 
-    async def tokenize(self, text: str | None = None, messages: list | None = None) -> list[int] | None:
-        """Token ids of ``text`` or of chat ``messages``; None when the server has no ``/tokenize``
-        (see :meth:`AdminClient.tokenize`)."""
-        return await self._admin.tokenize(text, messages, model=self.model)
+    async def tokenize(self, text: str | None = None, messages: list | None = None,
+                       tools: list | None = None) -> list[int] | None:
+        """Token ids of ``text`` or of chat ``messages`` (with ``tools`` offered); None when the
+        server has no ``/tokenize`` (see :meth:`AdminClient.tokenize`)."""
+        return await self._admin.tokenize(text, messages, model=self.model, tools=tools)
 
     async def detokenize(self, tokens: list[int]) -> str | None:
         """Text of ``tokens`` via ``{root_url}/detokenize``; None when there is no such endpoint."""

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 import httpx
 import numpy as np
 
+from pytest_llmperf.cache_check import CacheCheck, verify_conversation, verify_hit_rate
 from pytest_llmperf.cache_check import verify as verify_cache
-from pytest_llmperf.cache_check import verify_conversation, verify_hit_rate
 from pytest_llmperf.errors import LLMPerfError
 from pytest_llmperf.kind_check import kind_problems
 from pytest_llmperf.load.backends import BackendRun, TrialLoad, choose_backend, ray_address_for
@@ -64,7 +64,6 @@ from pytest_llmperf.traffic.traces import scan as scan_trace
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from pytest_llmperf.cache_check import CacheCheck
     from pytest_llmperf.load.loadgen import LoadOutcome
     from pytest_llmperf.objectives import SLO
     from pytest_llmperf.telemetry.gpu import GpuTelemetry
@@ -120,6 +119,9 @@ class Runner:
         # The calibration probes obey the workload's request timeout: a stalling server must not
         # hold the run for a fixed 30 s per probe before any load is sent.
         token_model = await self._token_model(workload.api, model, timeout_s=workload.timeout_s)
+        # What offering the tools adds to every prompt (the template writes them in): shared by
+        # every request, so a cold run's prefix cache may serve it, as it serves the template.
+        tools_tokens = await self._tools_tokens(workload, model) if workload.tools is not None else 0.0
         dataset = None
         if workload.dataset is not None:
             async with self._client(time.perf_counter(), timeout_s=workload.timeout_s) as client:
@@ -144,12 +146,31 @@ class Runner:
             token_model=token_model.to_dict(),
             slo=slo,
             label=workload.label(),
-            cache_check=self._cache_check(workload, results, token_model),
+            cache_check=self._cache_check(workload, results, token_model, tools_tokens),
             kind_problems=kind_problems(workload, [r for t in results for r in t.records]),
         )
 
+    async def _tools_tokens(self, workload: Workload, model: str) -> float | None:
+        """Tokens the tools add to a chat prompt, as the server's ``/tokenize`` counts a message
+        with and without them; None when it cannot tell (no ``/tokenize``, or one that ignores
+        ``tools``)."""
+        assert workload.tools is not None
+        messages = [{"role": "user", "content": "the"}]
+        tools = [dict(d) for d in workload.tools.definitions]
+        async with self._client(time.perf_counter(), timeout_s=workload.timeout_s) as client:
+            client.model = model
+            try:
+                bare = await client.tokenize(messages=messages)
+                offered = await client.tokenize(messages=messages, tools=tools)
+            except Exception:  # noqa: BLE001 - only a cache check's allowance depends on it
+                return None
+        if bare is None or offered is None or len(offered) <= len(bare):
+            return None
+        return float(len(offered) - len(bare))
+
     @staticmethod
-    def _cache_check(workload: Workload, results: list[TrialResult], token_model: TokenModel) -> CacheCheck | None:
+    def _cache_check(workload: Workload, results: list[TrialResult], token_model: TokenModel,
+                     tools_tokens: float | None = 0.0) -> CacheCheck | None:
         if not workload.streams:
             # Pooling engines cache prefixes or not by model type (encoder-only models cannot):
             # a cold or warm claim about them is nothing a counter can settle.
@@ -162,8 +183,12 @@ class Runner:
             return verify_conversation(telemetry, records, workload.cache_block_tokens)
         if workload.trace is not None or workload.dataset is not None:
             return None  # the file decides what repeats; there is no cold/warm claim to check
-        return verify_cache(workload.cache, telemetry, records,
-                            template_tokens=max(0.0, token_model.overhead) if workload.api == "chat" else 0.0)
+        if tools_tokens is None:
+            return CacheCheck(workload.cache, None, "unavailable",
+                              message=f"{workload.cache} cache state unverified: the tools every prompt carries "
+                                      "are shared by design, and the server's /tokenize cannot say how long they are")
+        template = max(0.0, token_model.overhead) + tools_tokens if workload.api == "chat" else 0.0
+        return verify_cache(workload.cache, telemetry, records, template_tokens=template)
 
     def _client(self, origin_s: float, workload: Workload | None = None,
                 timeout_s: float | None = None) -> StreamingClient:
