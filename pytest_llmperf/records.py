@@ -92,7 +92,7 @@ class RequestRecord:
     # tokens the draft model proposed and how many of them the target model accepted.
     draft_tokens: int | None = None
     draft_accepted: int | None = None
-    # The LoRA adapter the request named in its model field (None: the served model itself).
+    # The LoRA adapter the request was for (None: the served model itself).
     adapter: str | None = None
 
     @property
@@ -189,8 +189,12 @@ class PreparedRequest:
     # Chat: the tools offered (and tool_choice), or the response format the answer must take.
     tools: ToolSpec | None = None
     response_format: ResponseFormatSpec | None = None
-    # The model field of this request when it is not the session's model (a LoRA adapter's name).
+    # The model field of this request when it is not the session's model (a LoRA adapter's name,
+    # where the engine takes it there).
     model: str | None = None
+    # The LoRA adapter the request is for (selected by ``model`` or by engine fields in
+    # ``extra_body``, such as llama-server's ``lora``); None: the served model itself.
+    adapter: str | None = None
 
     @property
     def input_count(self) -> int:

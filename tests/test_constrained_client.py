@@ -4,14 +4,18 @@ sent, how an answer is judged, what is counted and gated."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import pickle
 
+import httpx
 import pytest
 from memtransport import Answer, mock_client
 
 from pytest_llmperf.baseline.compare import compare_entries
 from pytest_llmperf.baseline.schema import gated_stats, measured_extras
 from pytest_llmperf.kind_check import kind_problems
+from pytest_llmperf.load import runner as runner_module
 from pytest_llmperf.load.loadgen import new_record
 from pytest_llmperf.load.prompts import PromptFactory, TokenModel
 from pytest_llmperf.load.protocol import build_body
@@ -19,6 +23,7 @@ from pytest_llmperf.metrics import Summary, summarize
 from pytest_llmperf.objectives import SLO, check
 from pytest_llmperf.records import RequestRecord
 from pytest_llmperf.results import with_spec_counters
+from pytest_llmperf.servers.engine_presets import PresetError, UnknownAdapter, build_launch, get_preset
 from pytest_llmperf.traffic.adapters import AdapterSpec, AdapterSpecError
 from pytest_llmperf.traffic.structured import ResponseFormatSpec, StructuredSpecError, ToolSpec
 from pytest_llmperf.workload import Workload, WorkloadError
@@ -288,3 +293,120 @@ def test_ttft_after_an_adapter_switch():
     from pytest_llmperf.report.terminal import kind_line
 
     assert "TTFT after an adapter switch p50 500" in kind_line(summary)
+
+
+# ---------------------------------------------------------------------- adapters, per engine
+
+LOADED = [{"id": 0, "path": "/models/sql.gguf", "scale": 0.0, "task_name": "", "prompt_prefix": ""},
+          {"id": 1, "path": "chat-v2.gguf", "scale": 1.0, "task_name": "support", "prompt_prefix": ""}]
+
+
+def test_adapter_fields_name_the_adapter_the_way_each_engine_takes_it():
+    for preset in ("vllm", "sglang", "sim", "command"):
+        assert get_preset(preset).adapter_fields("sql") == {"model": "sql"}
+        assert get_preset(preset).adapters_path is None
+    llamacpp = get_preset("llamacpp")
+    assert llamacpp.adapters_path == "/lora-adapters"
+    # by the file's stem, its file name, its path as given, or its task name
+    for name, k in (("sql", 0), ("sql.gguf", 0), ("/models/sql.gguf", 0), ("chat-v2", 1), ("support", 1)):
+        assert llamacpp.adapter_fields(name, LOADED) == {"lora": [{"id": k, "scale": 1.0}]}, name
+    with pytest.raises(UnknownAdapter) as info:
+        llamacpp.adapter_fields("nope", LOADED)
+    assert str(info.value) == (
+        "LoRA adapter 'nope' is not loaded on the server: GET /lora-adapters lists sql (id 0, /models/sql.gguf), "
+        "chat-v2 (id 1, chat-v2.gguf); start llama-server with --lora FILE (comma-separated for several); an "
+        "adapter is named by its file's stem")
+    assert info.value.listed == ("sql (id 0, /models/sql.gguf)", "chat-v2 (id 1, chat-v2.gguf)")
+    with pytest.raises(UnknownAdapter, match="lists none"):
+        llamacpp.adapter_fields("sql", [])
+    # a bound method of a frozen preset: worker processes get it pickled, as length_fields
+    assert pickle.loads(pickle.dumps(llamacpp.adapter_fields))("sql", LOADED) == {"lora": [{"id": 0, "scale": 1.0}]}
+
+
+def test_bad_adapter_styles_are_refused():
+    with pytest.raises(PresetError, match="unknown adapter_style 'header'"):
+        dataclasses.replace(get_preset("vllm"), adapter_style="header")
+    with pytest.raises(PresetError, match="needs adapters_path"):
+        dataclasses.replace(get_preset("llamacpp"), adapters_path=None)
+
+
+def test_a_launch_knows_where_the_server_lists_its_adapters(tmp_path):
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    spec = build_launch("llamacpp", model=str(model), host="127.0.0.1", port=8080, extra_args=None,
+                        which=lambda program: "/usr/bin/llama-server", environ={})
+    assert spec.adapters_url == "http://127.0.0.1:8080/lora-adapters"
+    assert build_launch("sim", model=None, host="127.0.0.1", port=8080, extra_args=None).adapters_url is None
+
+
+def test_requests_select_their_adapter_with_the_engines_fields():
+    workload = Workload(rate_rps=1, duration_s=1, output_tokens=8, adapters={"names": ["sql", "chat-v2"]})
+    lora = {"sql": {"lora": [{"id": 0, "scale": 1.0}]}, "chat-v2": {"lora": [{"id": 1, "scale": 1.0}]}}
+    factory = PromptFactory(workload, MODEL, nonce=1, adapter_body=lora)
+    requests = [factory.make(i) for i in range(40)]
+    assert {r.adapter for r in requests} == {"sql", "chat-v2"}
+    for request in requests:
+        body = build_body(request, "base")
+        assert body["model"] == "base" and request.model is None  # llama-server ignores the model field
+        assert body["lora"] == lora[request.adapter]["lora"]
+        assert new_record(request, "measure", 0.0).adapter == request.adapter
+    # no fields for an adapter (the OpenAI way): its name in the model field
+    request = PromptFactory(workload, MODEL, nonce=1).make(0)
+    assert build_body(request, "base")["model"] == request.adapter and "lora" not in build_body(request, "base")
+    by_name = PromptFactory(workload, MODEL, nonce=1, adapter_body={"sql": {"model": "sql"}, "chat-v2": {"model": "chat-v2"}})
+    assert all(r.model == r.adapter for r in (by_name.make(i) for i in range(10)))
+
+
+def _runner_with(monkeypatch, handler, **config):
+    transport = httpx.MockTransport(handler)
+    real = httpx.AsyncClient
+    monkeypatch.setattr(runner_module.httpx, "AsyncClient", lambda **kw: real(transport=transport, **kw))
+    return runner_module.Runner("http://llama/v1", runner_module.RunnerConfig(**config))
+
+
+def test_the_runner_reads_the_servers_adapters_once_before_any_load(monkeypatch):
+    seen = []
+
+    def handler(request):
+        seen.append(str(request.url))
+        return httpx.Response(200, json=LOADED)
+
+    llamacpp = get_preset("llamacpp")
+    runner = _runner_with(monkeypatch, handler, adapter_fields=llamacpp.adapter_fields,
+                          adapters_url="http://llama/lora-adapters")
+    workload = Workload(rate_rps=1, duration_s=1, adapters={"names": ["sql", "support"]})
+    body = asyncio.run(runner._adapter_body(workload))
+    assert body == {"sql": {"lora": [{"id": 0, "scale": 1.0}]}, "support": {"lora": [{"id": 1, "scale": 1.0}]}}
+    assert seen == ["http://llama/lora-adapters"]
+    assert asyncio.run(runner._adapter_body(Workload(rate_rps=1, duration_s=1))) is None  # no adapters: no look
+    assert len(seen) == 1
+
+    with pytest.raises(runner_module.RunError, match=r"LoRA adapter 'nope' is not loaded on the server: GET "
+                                                     r"/lora-adapters lists sql \(id 0, /models/sql.gguf\), chat-v2"):
+        asyncio.run(runner._adapter_body(Workload(rate_rps=1, duration_s=1, adapters={"names": ["sql", "nope"]})))
+    # the model-field engines: nothing to read, the name goes in the model field
+    runner = _runner_with(monkeypatch, handler, adapter_fields=get_preset("vllm").adapter_fields)
+    assert asyncio.run(runner._adapter_body(workload)) == {"sql": {"model": "sql"}, "support": {"model": "support"}}
+    assert len(seen) == 2  # the failed run's one read, none for vLLM
+
+
+@pytest.mark.parametrize(("answer", "message"), [
+    (httpx.Response(404, json={"error": "not found"}), "cannot list the server's LoRA adapters at "
+                                                        "http://llama/lora-adapters: HTTPStatusError"),
+    (httpx.Response(200, json={"data": []}), "answered \"{'data': \\[\\]}\", not a list of adapters"),
+])
+def test_an_adapter_list_that_cannot_be_read_fails_the_run(monkeypatch, answer, message):
+    runner = _runner_with(monkeypatch, lambda request: answer, adapter_fields=get_preset("llamacpp").adapter_fields,
+                          adapters_url="http://llama/lora-adapters")
+    with pytest.raises(runner_module.RunError, match=message):
+        asyncio.run(runner._adapter_body(Workload(rate_rps=1, duration_s=1, adapters={"names": ["sql"]})))
+
+
+def test_llamacpp_timings_in_the_final_usage_chunk_give_draft_counts():
+    # llama-server b11434 sends its timings once, with the usage, in a chunk without choices.
+    body = ev({"choices": [{"delta": {"content": " the"}, "finish_reason": None}]})
+    body += ev({"choices": [{"delta": {}, "finish_reason": "length"}]})
+    body += ev({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 16},
+                "timings": {"predicted_n": 16, "draft_n": 15, "draft_n_accepted": 11}})
+    rec = send(make(), Answer(body=body + b"data: [DONE]\n\n"))
+    assert rec.ok and (rec.draft_tokens, rec.draft_accepted) == (15, 11) and rec.output_tokens == 16

@@ -7,8 +7,11 @@ install; with LLMPERF_REQUIRE_VLLM=1 (scripts/test.sh on Linux x86_64) they fail
 broken install cannot pass as a skip.
 
 One pytest session per server launch (vLLM takes ~30 s to come up on 2 cores): a first session
-saves a baseline from a cold and a warm test, a second compares against it and ends with a test
-that kills vLLM's engine core mid-run. What a CPU engine on a shared 2-core machine shows reliably
+saves a baseline from a cold, a warm and a LoRA test, a second compares against it and ends with a
+test that kills vLLM's engine core mid-run. The server serves two tiny PEFT adapters
+(``--enable-lora --lora-modules``, written by :func:`~pytest_llmperf.testing.build_tiny_lora_hf`):
+vLLM's CPU build runs LoRA with its PyTorch punica ops (PunicaWrapperCPU), selected per request by
+the adapter's name in the model field. What a CPU engine on a shared 2-core machine shows reliably
 is checked (plumbing, counters, cache state, failure handling, that a verdict was reached), never
 its speed from one launch to the next.
 """
@@ -22,7 +25,7 @@ import pytest
 from pytest_llmperf.load.prompts import COMMON_WORDS
 from pytest_llmperf.servers import VLLM_CPU, ServerStartError, build_launch, free_port
 from pytest_llmperf.stats import VERDICTS
-from pytest_llmperf.testing import TinyModelError, build_tiny_llama_hf, find_vllm_python
+from pytest_llmperf.testing import TinyModelError, build_tiny_llama_hf, build_tiny_lora_hf, find_vllm_python
 
 REQUIRED = os.environ.get("LLMPERF_REQUIRE_VLLM", "") not in ("", "0")
 INPUT_TOKENS = 320  # vLLM's CPU build caches in blocks of 128 tokens: a warm prefix must span some
@@ -72,6 +75,21 @@ def children(pid):
                 out.append(int(entry.name))
     return out
 
+@slo(ttft_p95=10.0, tpot_p50=2.0, error_rate=0.0)
+def test_lora(llmperf, llm_server):
+    import httpx
+
+    result = llmperf.run(Workload(input_tokens=32, output_tokens={OUTPUT_TOKENS}, concurrency=4,
+                                  num_requests={MEASURED}, warmup_requests={WARMUP}, seed=1,
+                                  adapters={{"names": ["sql", "chat"]}}))
+    records = result.records
+    assert all(r.ok for r in records), [r.error_detail for r in records if not r.ok][:3]
+    assert {{r.adapter for r in records}} == {{r.request_type for r in records}} == {{"sql", "chat"}}
+    assert {{r.output_tokens for r in records}} == {{{OUTPUT_TOKENS}}}
+    # vLLM lists the adapters it loaded as models of their own, children of the served model
+    models = httpx.get(llm_server.base_url + "/models", timeout=10).json()["data"]
+    assert {{m["id"]: m["parent"] for m in models if m["parent"]}} == {{"sql": llm_server.model, "chat": llm_server.model}}
+
 @slo(error_rate=0.0)
 def test_server_dies(llmperf, llm_server):
     # vLLM's engine core is a child of the API server; SIGKILL it 1.5 s into a 4 s run, as a crash.
@@ -106,6 +124,13 @@ def tiny_model(vllm_python, tmp_path_factory):
     return build_tiny_llama_hf(tmp_path_factory.mktemp("model") / "tiny-llama", python=vllm_python)
 
 
+@pytest.fixture(scope="module")
+def adapters(vllm_python, tmp_path_factory):
+    root = tmp_path_factory.mktemp("adapters")
+    return {name: build_tiny_lora_hf(root / name, python=vllm_python, seed=seed)
+            for seed, name in enumerate(("sql", "chat"))}
+
+
 def test_bad_model_arguments_are_named(tmp_path):
     with pytest.raises(TinyModelError, match="head size .* 16"):
         build_tiny_llama_hf(tmp_path / "m", hidden=64, n_head=4)
@@ -117,6 +142,31 @@ def test_bad_model_arguments_are_named(tmp_path):
         build_tiny_llama_hf(tmp_path / "full")
     with pytest.raises(TinyModelError, match="could not write the tiny HF model"):
         build_tiny_llama_hf(tmp_path / "m", python="/bin/false")
+
+
+def _safetensors_shapes(path):
+    """Tensor name -> shape from a safetensors file's header (8-byte length, then JSON)."""
+    with open(path, "rb") as fh:
+        size = int.from_bytes(fh.read(8), "little")
+        header = json.loads(fh.read(size))
+    return {name: info["shape"] for name, info in header.items() if name != "__metadata__"}
+
+
+def test_lora_adapter_is_a_peft_directory_for_the_tiny_model(vllm_python, adapters, tmp_path):
+    sql = adapters["sql"]
+    assert sorted(p.name for p in sql.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    config = json.loads((sql / "adapter_config.json").read_text())
+    assert (config["peft_type"], config["r"], config["lora_alpha"]) == ("LORA", 8, 16.0)
+    assert config["target_modules"] == ["q_proj", "v_proj"]
+    shapes = _safetensors_shapes(sql / "adapter_model.safetensors")
+    assert len(shapes) == 2 * 2 * 2  # layers x targets x (A, B)
+    assert shapes["base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"] == [8, 128]  # (rank, hidden)
+    assert shapes["base_model.model.model.layers.1.self_attn.v_proj.lora_B.weight"] == [128, 8]  # (hidden, rank)
+    again = build_tiny_lora_hf(tmp_path / "again", python=vllm_python, seed=0)
+    assert (again / "adapter_model.safetensors").read_bytes() == (sql / "adapter_model.safetensors").read_bytes()
+    assert (adapters["chat"] / "adapter_model.safetensors").read_bytes() != (again / "adapter_model.safetensors").read_bytes()
+    with pytest.raises(TinyModelError, match="targets must be among q_proj, v_proj"):
+        build_tiny_lora_hf(tmp_path / "bad", targets=["o_proj"])
 
 
 def test_hf_model_loads_with_transformers_and_tokenizes_prompt_words_whole(vllm_python, tiny_model):
@@ -169,7 +219,7 @@ def _outcomes(result, **expected):
 
 
 @pytest.mark.realengine
-def test_plugin_end_to_end_against_vllm_cpu(vllm_python, tiny_model, pytester, monkeypatch):
+def test_plugin_end_to_end_against_vllm_cpu(vllm_python, tiny_model, adapters, pytester, monkeypatch):
     monkeypatch.setenv("LLMPERF_VLLM_PYTHON", str(vllm_python))  # where the vllm preset finds vLLM
     # vLLM's CPU build then runs two processes, the API server and the engine core with the model
     # in it, instead of three (the model in a worker process of its own): it comes up in ~18 s
@@ -178,17 +228,21 @@ def test_plugin_end_to_end_against_vllm_cpu(vllm_python, tiny_model, pytester, m
     # how vLLM serves unless told to.
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     pytester.makepyfile(test_perf=PERF_TESTS)
+    lora = " ".join(f"{name}={path}" for name, path in adapters.items())
     args = ["-p", "no:cacheprovider", "--llmperf-plots", "off", "--llmperf-server", "vllm", "--llmperf-model", str(tiny_model),
-            "--llmperf-server-args", "--max-num-seqs 4 --max-model-len 1024",
+            "--llmperf-server-args",
+            f"--max-num-seqs 4 --max-model-len 1024 --enable-lora --max-loras 2 --max-lora-rank 8 --lora-modules {lora}",
             "--llmperf-trials", str(TRIALS), "--llmperf-startup-timeout", "300"]
 
     saved = pytester.runpytest_subprocess(*args, "--llmperf-save", "main", "-k", "not dies", timeout=600)
-    _outcomes(saved, passed=2)
+    _outcomes(saved, passed=3)
     saved.stdout.fnmatch_lines(["*server: vllm 0.* serving *tiny-llama*", "*saved baseline 'main'*"])
     doc = json.loads((pytester.path / ".llmperf" / "report" / "llmperf.json").read_text())
     assert doc["server"]["preset"] == "vllm"
     runs = {t["nodeid"].split("::")[-1]: t["runs"][0] for t in doc["tests"]}
-    for name, run in runs.items():
+    assert sorted(runs["test_lora"]["summary"]["by_type"]) == ["chat", "sql"]  # one request type per adapter
+    for name in ("test_cold", "test_warm"):
+        run = runs[name]
         expected = name.removeprefix("test_")
         check = run["cache_check"]
         # cold: nothing reused; warm: the shared 256-token prefix (two 128-token blocks) reused
@@ -219,7 +273,7 @@ def test_plugin_end_to_end_against_vllm_cpu(vllm_python, tiny_model, pytester, m
     assert doc["baseline"]["name"] == "main"
     tests = {t["nodeid"].split("::")[-1]: t for t in doc["tests"]}
     regressed = 0
-    for name in ("test_cold", "test_warm"):
+    for name in ("test_cold", "test_warm", "test_lora"):
         (run,) = tests[name]["runs"]
         assert run["verdicts"], (name, "no verdict against the baseline")
         assert {v["verdict"] for v in run["verdicts"]} <= set(VERDICTS), run["verdicts"]
@@ -229,7 +283,7 @@ def test_plugin_end_to_end_against_vllm_cpu(vllm_python, tiny_model, pytester, m
         failed_by_gate = any(v["verdict"] == "regressed" for v in run["verdicts"])
         assert tests[name]["outcome"] == ("failed" if failed_by_gate else "passed"), "\n".join(compared.outlines[-80:])
         regressed += failed_by_gate
-    _outcomes(compared, passed=2 - regressed, failed=1 + regressed)
+    _outcomes(compared, passed=3 - regressed, failed=1 + regressed)
     if regressed:
         compared.stdout.fnmatch_lines(["*performance regressed against baseline 'main'*"])
     # the killed engine: the failed requests, then the server's death with its own last words

@@ -161,7 +161,7 @@ def new_record(request: PreparedRequest, phase: str, scheduled_s: float) -> Requ
         response_text=[] if request.keep_text or request.tools is not None or request.response_format is not None
         else None,
         images=len(request.images), image_pixels=sum(p.width * p.height for p in request.images),
-        inputs=request.input_count, adapter=request.model,
+        inputs=request.input_count, adapter=request.adapter,
     )
 
 

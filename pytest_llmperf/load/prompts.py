@@ -188,7 +188,8 @@ class PromptFactory:
     def __init__(self, workload: Workload, model: TokenModel, *, nonce: int | None = None,
                  extra_body: Mapping[str, object] | None = None, send_ignore_eos: bool = True,
                  length_fields: Callable[[int, bool, int | None], dict[str, object]] | None = None,
-                 image_host: ImageHost | None = None) -> None:
+                 image_host: ImageHost | None = None,
+                 adapter_body: Mapping[str, Mapping[str, object]] | None = None) -> None:
         self.workload = workload
         self.model = model
         self.nonce = nonce if nonce is not None else int.from_bytes(os.urandom(6), "little")
@@ -201,6 +202,10 @@ class PromptFactory:
         # An engine preset's own way of fixing the output length (ignore_eos, min_tokens, a
         # logit_bias on EOS...); when given it replaces the default ignore_eos/min_tokens fields.
         self.length_fields = length_fields
+        # Per LoRA adapter, the body fields that select it on this server (the Runner reads them
+        # once per run: RunnerConfig.adapter_fields); an adapter missing here is named in the model
+        # field, as the OpenAI API (vLLM, SGLang) takes it.
+        self.adapter_body = {name: dict(fields) for name, fields in (adapter_body or {}).items()}
         self._vocab = np.asarray(model.vocab, dtype=object)
         self._ready: dict[int, PreparedRequest] = {}
         types = workload.request_types
@@ -390,7 +395,13 @@ class PromptFactory:
             fields.pop("max_tokens", None)
             extra_body.update(fields)
             ignore_eos = False
-        model = request_type if w.adapters is not None and request_type in w.adapters.names else None
+        adapter = request_type if w.adapters is not None and request_type in w.adapters.names else None
+        model: str | None = None
+        if adapter is not None:
+            selects = dict(self.adapter_body.get(adapter) or {"model": adapter})
+            named = selects.pop("model", None)
+            model = None if named is None else str(named)
+            extra_body.update(selects)  # e.g. llama-server's "lora": [{"id": k, "scale": 1.0}]
         return PreparedRequest(
             index=index,
             prompt=prompt,
@@ -411,6 +422,7 @@ class PromptFactory:
             tools=w.tools,
             response_format=w.response_format,
             model=model,
+            adapter=adapter,
         )
 
 

@@ -479,13 +479,15 @@ class ResponseReader:
             self.usage = usage
             if type(completion) is int:
                 self.cum = completion
+        # llama-server sends its timings (and the draft counts in them) once, in the final chunk
+        # with the usage and no choices.
+        timings = obj.get("timings")
+        if timings is not None and type(timings) is dict:
+            self.timings = timings
         choices = obj.get("choices")
         if not choices:
             return False
         choice = choices[0]
-        timings = obj.get("timings")
-        if timings is not None and type(timings) is dict:
-            self.timings = timings
         calls = None
         if self.chat:
             delta = choice.get("delta")

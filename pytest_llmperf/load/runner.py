@@ -116,6 +116,8 @@ class Runner:
             # An unreachable cluster or a version mismatch fails here, before any request is sent.
             ray_load.connect(ray_address)
         model = await self._resolve_model()
+        # Before any load: an adapter the server has not loaded fails here, naming those it has.
+        adapter_body = await self._adapter_body(workload)
         # The calibration probes obey the workload's request timeout: a stalling server must not
         # hold the run for a fixed 30 s per probe before any load is sent.
         token_model = await self._token_model(workload.api, model, timeout_s=workload.timeout_s)
@@ -128,12 +130,12 @@ class Runner:
                 client.model = model
                 dataset = await load_dataset(workload, PromptFactory(workload, token_model), client)
         for index in range(n_trials):
-            trial = await self._trial(workload, model, token_model, slo, index, dataset)
+            trial = await self._trial(workload, model, token_model, slo, index, dataset, adapter_body)
             if not trial.summary.validity.valid and self.config.rerun_invalid:
                 # One rerun: a transient stall of the load generator's machine should not cost the
                 # verdict; a second invalid trial stands, and the gate reports the run as invalid.
                 first = trial
-                trial = await self._trial(workload, model, token_model, slo, index, dataset)
+                trial = await self._trial(workload, model, token_model, slo, index, dataset, adapter_body)
                 trial.reruns = 1
                 trial.rerun_reasons = list(first.summary.validity.reasons)
             results.append(trial)
@@ -217,6 +219,33 @@ class Runner:
         self.model = models[0]
         return self.model
 
+    async def _adapter_body(self, workload: Workload) -> dict[str, dict[str, object]] | None:
+        """The body fields each of the workload's LoRA adapters is selected with on this server
+        (``RunnerConfig.adapter_fields``), read once per run; None: the adapter's name in the
+        model field. Where the server lists its adapters (``adapters_url``: llama-server's GET
+        /lora-adapters) the list is read first, and an adapter it lacks is a :class:`RunError`
+        naming the adapters it has."""
+        fields_for = self.config.adapter_fields
+        if workload.adapters is None or fields_for is None:
+            return None
+        loaded = None
+        url = self.config.adapters_url
+        if url:
+            headers = {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
+            try:
+                async with httpx.AsyncClient(timeout=workload.timeout_s or 30.0, trust_env=False) as http:
+                    resp = await http.get(url, headers=headers)
+                resp.raise_for_status()
+                loaded = resp.json()
+            except (httpx.HTTPError, ValueError) as exc:
+                raise RunError(f"cannot list the server's LoRA adapters at {url}: {type(exc).__name__}: {exc}") from None
+            if not isinstance(loaded, list) or not all(isinstance(e, dict) for e in loaded):
+                raise RunError(f"{url} answered {str(loaded)[:200]!r}, not a list of adapters")
+        try:
+            return {name: fields_for(name, loaded) for name in workload.adapters.names}
+        except LLMPerfError as exc:
+            raise RunError(str(exc)) from None
+
     async def _token_model(self, api: str, model: str, timeout_s: float | None = None) -> TokenModel:
         cached = self._token_models.get(self.base_url, model, api)
         if cached is not None:
@@ -264,21 +293,23 @@ class Runner:
         return fit_from_usage(points, api)
 
     async def _trial(self, workload: Workload, model: str, token_model: TokenModel, slo: SLO | None,
-                     index: int, dataset: DatasetTraffic | None = None) -> TrialResult:
+                     index: int, dataset: DatasetTraffic | None = None,
+                     adapter_body: dict[str, dict[str, object]] | None = None) -> TrialResult:
         if not _serves_images(workload):
-            return await self._trial_on(workload, model, token_model, slo, index, dataset, None)
+            return await self._trial_on(workload, model, token_model, slo, index, dataset, None, adapter_body)
         if (self.config.workers or workload.workers) > 1 or ray_address_for(workload, self.config) is not None:
             raise RunError("images.transport url: the images are served from this process; "
                            "send the load from it (workers: 1, no Ray)")
         with ImageServer(self.base_url) as images:
-            return await self._trial_on(workload, model, token_model, slo, index, dataset, images)
+            return await self._trial_on(workload, model, token_model, slo, index, dataset, images, adapter_body)
 
     async def _trial_on(self, workload: Workload, model: str, token_model: TokenModel, slo: SLO | None,
-                        index: int, dataset: DatasetTraffic | None, images: ImageServer | None) -> TrialResult:
+                        index: int, dataset: DatasetTraffic | None, images: ImageServer | None,
+                        adapter_body: dict[str, dict[str, object]] | None = None) -> TrialResult:
         config = self.config
         factory = PromptFactory(workload, token_model, extra_body=config.extra_body,
                                 send_ignore_eos=config.send_ignore_eos, length_fields=config.length_fields,
-                                image_host=images.add if images is not None else None)
+                                image_host=images.add if images is not None else None, adapter_body=adapter_body)
         if workload.conversation is not None:
             return await self._conversation_trial(workload, model, factory, slo, index)
         # The request source: a bound method each, so worker processes and Ray actors can take it.

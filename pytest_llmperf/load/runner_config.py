@@ -19,7 +19,7 @@ from pytest_llmperf.results import THROTTLE_POLICIES
 from pytest_llmperf.timeslices import DEFAULT_TIMESLICE_S, check_timeslice_s
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable, Mapping, Sequence
 
     from pytest_llmperf.load.loadgen import OverloadGuard, Progress
 
@@ -48,6 +48,13 @@ class RunnerConfig:
     # The engine's own fields that fix the output length: (max_tokens, ignore_eos, min_tokens) -> body
     # fields. A picklable callable (a bound method) where worker processes build the requests.
     length_fields: Callable[[int, bool, int | None], dict[str, object]] | None = None
+    # The engine's own fields that select a LoRA adapter: (adapter name, the adapters the server
+    # lists at ``adapters_url``, or None) -> body fields (EnginePreset.adapter_fields). None: the
+    # adapter's name in the model field, as the OpenAI API (vLLM, SGLang) takes it.
+    adapter_fields: Callable[[str, Sequence[Mapping[str, object]] | None], dict[str, object]] | None = None
+    # Where the server lists the LoRA adapters it loaded (llama-server's GET /lora-adapters): read
+    # once per run, before any load, by workloads with adapters; an adapter it lacks fails the run.
+    adapters_url: str | None = None
     # Where the server's Prometheus metrics live; None skips server telemetry.
     metrics_url: str | None = None
     # POSTed before every trial where the engine offers it (vLLM /reset_prefix_cache, SGLang

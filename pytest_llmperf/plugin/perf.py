@@ -161,6 +161,8 @@ class LLMPerf:
             model=server.model,
             api_key=self._session.api_key,
             length_fields=server.length_fields,
+            adapter_fields=server.adapter_fields,
+            adapters_url=server.adapters_url,
             metrics_url=server.metrics_url,
             reset_cache_url=server.reset_cache_url,
             progress=printer,

@@ -1,5 +1,5 @@
-"""Launch presets for inference engines: command line, endpoints, version discovery, and the
-request fields that pin an output length.
+"""Launch presets for inference engines: command line, endpoints, version discovery, the
+request fields that pin an output length, and those that select a LoRA adapter.
 
 A preset is data (a frozen :class:`EnginePreset`); :func:`build_launch` turns a preset name plus
 model/host/port into a :class:`LaunchSpec` that :class:`~.process.ServerProcess` can run. Nothing
@@ -9,6 +9,12 @@ Fixing the output length matters because a latency test is only comparable acros
 every request generates the tokens the workload asked for. Engines differ in how (or whether)
 they let a client suppress EOS; :meth:`EnginePreset.length_fields` encodes that, and
 :attr:`EnginePreset.length_note` says what an engine cannot do.
+
+A LoRA adapter is selected per request, and engines differ there too: vLLM, SGLang and the
+simulator take the adapter's name in the ``model`` field (the OpenAI way); llama.cpp's llama-server
+ignores ``model`` (it serves one model) and applies the adapters a request lists in its own
+``lora`` field by id, the ids its ``GET /lora-adapters`` gives the files it loaded with
+``--lora``. :meth:`EnginePreset.adapter_fields` encodes that.
 """
 
 from __future__ import annotations
@@ -47,6 +53,11 @@ LENGTH_STYLES = (
     LENGTH_MAX_TOKENS_ONLY,
 )
 
+# How a request selects a LoRA adapter.
+ADAPTER_MODEL_FIELD = "model"  # the adapter's name in the model field: vLLM, SGLang, the simulator
+ADAPTER_LORA_IDS = "lora_ids"  # llama-server: "lora": [{"id": k, "scale": 1.0}], k from GET /lora-adapters
+ADAPTER_STYLES = (ADAPTER_MODEL_FIELD, ADAPTER_LORA_IDS)
+
 # How a preset's command line is formed.
 KIND_TEMPLATE = "template"  # fixed argv template with {python} {model} {host} {port} {hostport}
 KIND_SIM = "sim"  # the built-in simulator: adds --preset and simulator arguments
@@ -64,6 +75,16 @@ _EOS_BAN_BIAS = -100
 
 class PresetError(InputError):
     """Bad preset name or launch arguments; the message names the problem and the valid choices."""
+
+
+class UnknownAdapter(PresetError):
+    """A workload names a LoRA adapter the server has not loaded; the message lists those it has."""
+
+    def __init__(self, name: str, listed: Sequence[str], where: str, hint: str) -> None:
+        have = ", ".join(listed) if listed else "none"
+        super().__init__(f"LoRA adapter {name!r} is not loaded on the server: {where} lists {have}; {hint}")
+        self.name = name
+        self.listed = tuple(listed)
 
 
 class EngineNotFound(ServerStartError):
@@ -114,6 +135,9 @@ class EnginePreset:
     env_defaults: tuple[tuple[str, str], ...] = ()
     length_style: str = LENGTH_MAX_TOKENS_ONLY
     length_note: str = ""
+    adapter_style: str = ADAPTER_MODEL_FIELD
+    # Where the server lists the adapters it loaded (GET), for styles that select them by id.
+    adapters_path: str | None = None
     needs_model: bool = True
     model_is_path: bool = False
     install_hint: str = ""
@@ -127,6 +151,13 @@ class EnginePreset:
                 f"preset {self.name!r}: unknown length_style {self.length_style!r}; "
                 f"valid: {', '.join(LENGTH_STYLES)}"
             )
+        if self.adapter_style not in ADAPTER_STYLES:
+            raise PresetError(
+                f"preset {self.name!r}: unknown adapter_style {self.adapter_style!r}; "
+                f"valid: {', '.join(ADAPTER_STYLES)}"
+            )
+        if self.adapter_style == ADAPTER_LORA_IDS and not self.adapters_path:
+            raise PresetError(f"preset {self.name!r}: adapter_style {ADAPTER_LORA_IDS!r} needs adapters_path")
 
     @property
     def exact_length(self) -> bool:
@@ -208,6 +239,37 @@ class EnginePreset:
                 )
             fields["logit_bias"] = {str(int(eos_token_id)): _EOS_BAN_BIAS}
         return fields
+
+
+    def adapter_fields(self, name: str, loaded: Sequence[Mapping[str, object]] | None = None) -> dict[str, object]:
+        """Request-body fields that make the engine serve a request with LoRA adapter ``name``.
+
+        - vLLM, SGLang, simulator (and unknown engines): ``{"model": name}``, the name the server
+          loaded the adapter under (vLLM ``--lora-modules NAME=PATH``).
+        - llama-server: ``{"lora": [{"id": k, "scale": 1.0}]}``, where ``k`` is the id of the
+          adapter named ``name`` in ``loaded``, the list ``GET /lora-adapters`` answers: an entry
+          is named by its file's stem (``--lora /a/b/sql.gguf`` serves adapter ``sql``), its file
+          name or its path as given, or its ``task_name``. Adapters a request does not list get
+          scale 0, so each request runs with its adapter alone, whatever the server's global
+          scales. ``model`` is left alone: llama-server ignores it.
+
+        Raises :class:`UnknownAdapter` naming the adapters ``loaded`` lists when none is ``name``.
+        """
+        if self.adapter_style == ADAPTER_MODEL_FIELD:
+            return {"model": name}
+        listed: list[str] = []
+        for entry in loaded or ():
+            path = str(entry.get("path") or "")
+            task = str(entry.get("task_name") or "")
+            names = {path, Path(path).name, Path(path).stem, task} - {""}
+            if name in names:
+                return {"lora": [{"id": entry.get("id"), "scale": 1.0}]}
+            listed.append(f"{Path(path).stem or task or '?'} (id {entry.get('id')}, {path or 'no path'})")
+        raise UnknownAdapter(
+            name, listed, f"GET {self.adapters_path}",
+            f"start {self.variant or self.name} with --lora FILE (comma-separated for several); an adapter "
+            "is named by its file's stem",
+        )
 
 
 def _values(*, model: str | None, host: str, port: int, python: str) -> dict[str, str]:
@@ -347,6 +409,8 @@ _LLAMA_SERVER = EnginePreset(
     version_keys=("build_info",),
     length_style=LENGTH_IGNORE_EOS,
     length_note="llama-server accepts ignore_eos but not min_tokens",
+    adapter_style=ADAPTER_LORA_IDS,
+    adapters_path="/lora-adapters",
     model_is_path=True,
     install_hint=(
         "build llama.cpp (https://github.com/ggml-org/llama.cpp: cmake -B build && "
@@ -632,6 +696,8 @@ class LaunchSpec:
     models_url: str
     metrics_url: str | None
     reset_cache_url: str | None
+    # Where the server lists its LoRA adapters (llama-server), None where the model field names them.
+    adapters_url: str | None = None
 
     def server_process(
         self,
@@ -754,6 +820,7 @@ def build_launch(
         models_url=base + "/models",
         metrics_url=root + preset.metrics_path if preset.metrics_path else None,
         reset_cache_url=root + preset.reset_cache_path if preset.reset_cache_path else None,
+        adapters_url=root + preset.adapters_path if preset.adapters_path else None,
     )
 
 

@@ -26,7 +26,7 @@ from pytest_llmperf.servers.engine_presets import (
 from pytest_llmperf.servers.process import ProcessReaper, ServerProcess, ServerStartError, free_port
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping, Sequence
 
 
 class ServerUnavailable(LLMPerfError, RuntimeError):
@@ -50,6 +50,10 @@ class ServerInfo:
     sim_preset: str | None = None
     sim_args: list[str] = field(default_factory=list)
     length_fields: Callable[[int, bool, int | None], dict[str, object]] | None = None
+    # The engine's way of selecting a LoRA adapter per request (EnginePreset.adapter_fields), and
+    # where it lists the adapters it loaded (llama-server's /lora-adapters; None: not needed).
+    adapter_fields: Callable[[str, Sequence[Mapping[str, object]] | None], dict[str, object]] | None = None
+    adapters_url: str | None = None
     process: ServerProcess | None = None
 
     def alive(self) -> bool:
@@ -229,6 +233,8 @@ class ServerManager:
             sim_preset=cfg.sim_preset if cfg.preset == "sim" else None,
             sim_args=list(cfg.sim_args) if cfg.preset == "sim" else [],
             length_fields=preset.length_fields,  # a bound method: picklable for worker processes
+            adapter_fields=preset.adapter_fields,
+            adapters_url=spec.adapters_url,
             process=process,
         )
 

@@ -26,10 +26,25 @@ CLIP-style encoder with LLaVA's two-layer MLP projector (``clip.projector_type =
 ``llama-server --mmproj`` loads next to the text model; every image becomes
 :func:`mmproj_image_tokens` tokens of the prompt, whatever its size (LLaVA 1.5 resizes every image
 to one square).
+
+Tool calls, structured output, speculative decoding and LoRA need no other model either. With
+``tools=True`` (the default) the vocabulary ends with ``<tool_call>``, ``</tool_call>`` and
+``<|tools|>``, and the chat template (:data:`TOOLS_CHAT_TEMPLATE`) renders tool calls the
+Qwen/Hermes way, which llama.cpp's template analysis reads as a JSON tool-call format; a prompt
+that offers tools ends with ``<|tools|>``, the one token that writes embedding channel
+:data:`TOOLS_CHANNEL`, which only ``<tool_call>``'s output row reads: the model opens a call at
+once, and llama.cpp's tool-call grammar writes the rest (a random model left to
+``tool_choice: required`` alone would write words before a call forever: that grammar allows text
+first). A JSON-schema ``response_format`` needs nothing: its grammar makes any model answer valid
+JSON, as long as the schema bounds its strings (``maxLength``, ``enum``: the model prefers another
+word to a closing quote). The same file is a draft model for itself (same weights: a greedy draft
+is always accepted); another ``seed`` gives a draft that (next to) never is.
+:func:`build_tiny_lora_gguf` writes LoRA adapters for it (``llama-server --lora``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +70,36 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>' }}{% endif %}"
 )
 CONSTANT_CHANNEL = 0
+# Tool calls (see TOOLS_CHAT_TEMPLATE): Qwen/Hermes-style call markers, and the token the template
+# ends a prompt with when the request offers tools, in place of <|im_start|>.
+TOOL_CALL_TOKEN = "<tool_call>"
+TOOL_CALL_END_TOKEN = "</tool_call>"
+TOOLS_PROMPT_TOKEN = "<|tools|>"
+TOOL_TOKENS = (TOOL_CALL_TOKEN, TOOL_CALL_END_TOKEN, TOOLS_PROMPT_TOKEN)
+# The chat template with tool calls: plain chat renders exactly as CHAT_TEMPLATE; an assistant turn
+# that called a tool renders its (first) call as <tool_call>{"name": ..., "arguments": ...}</tool_call>,
+# which llama.cpp's template analysis reads as a JSON tool-call format opened by "<tool_call>"; a
+# request that offers tools ends with <|tools|> instead of <|im_start|> (one token either way, so
+# prompt lengths stay exact). Only the first call of a turn is rendered: the template does not
+# support parallel calls, so llama.cpp's grammar ends the answer after one call. The tools
+# themselves are not described (the model cannot read), only their names are looked at, which
+# tells llama.cpp the template knows tools.
+TOOLS_CHAT_TEMPLATE = (
+    "{%- for tool in tools or [] %}{%- set _name = tool.function.name %}{%- endfor %}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'assistant' and message['tool_calls'] is defined and message['tool_calls'] %}"
+    "{%- set call = message['tool_calls'][0]['function'] %}"
+    "{%- set arguments = call['arguments'] if call['arguments'] is string else call['arguments'] | tojson %}"
+    "{{ '<tool_call>{\"name\": \"' + call['name'] + '\", \"arguments\": ' + arguments + '}</tool_call><|im_end|>\\n' }}"
+    "{%- else %}{{ message['content'] + '<|im_end|>' + '\\n' }}{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|tools|>' if tools else '<|im_start|>' }}{%- endif %}"
+)
+# The residual channel only <|tools|> writes (its embedding; no layer writes to it), and the
+# output weight on it that makes <tool_call> the first token of an answer to a request with tools.
+TOOLS_CHANNEL = 1
+_TOOLS_VALUE = 1.0
+_TOOLS_BIAS = 20.0
 # Embedding value on the constant channel, and the output weight (+ for words, - for the rest) on
 # it: with random parts of std ~0.1 and ~0.5, words win by about 60 logits.
 _CONSTANT_VALUE = 1.0
@@ -83,6 +128,25 @@ class TinyVocab:
     bos_id: int
     eos_id: int
     eot_id: int
+    # The tool-call tokens (with_tool_tokens), when the vocabulary has them.
+    tool_call_id: int | None = None
+    tools_prompt_id: int | None = None
+
+
+def with_tool_tokens(vocab: TinyVocab) -> TinyVocab:
+    """``vocab`` with :data:`TOOL_TOKENS` appended: the call markers as user-defined tokens (the
+    tokenizer keeps them whole in text, as Qwen's vocabulary does), ``<|tools|>`` as a control
+    token. The ids of every other token stay as they were."""
+    if vocab.tool_call_id is not None:
+        return vocab
+    start = len(vocab.tokens)
+    return dataclasses.replace(
+        vocab,
+        tokens=(*vocab.tokens, *TOOL_TOKENS),
+        token_types=(*vocab.token_types, 4, 4, 3),  # gguf.TokenType USER_DEFINED, USER_DEFINED, CONTROL
+        tool_call_id=start,
+        tools_prompt_id=start + 2,
+    )
 
 
 def bytes_to_unicode() -> dict[int, str]:
@@ -225,15 +289,28 @@ def _weights(vocab: TinyVocab, *, n_layer: int, n_embd: int, n_ff: int, seed: in
     output = rng.normal(0.0, _OUTPUT_STD, size=(n_vocab, n_embd)).astype(np.float32)
     output[:, c] = -_CHANNEL_BIAS
     output[list(vocab.word_ids), c] = _CHANNEL_BIAS
+    if vocab.tools_prompt_id is not None:
+        # Only <|tools|> writes the tools channel and only <tool_call> reads it: the first token of an
+        # answer to a request with tools (its prompt ends with <|tools|>) is <tool_call>; anywhere
+        # else the channel is 0 and <tool_call> stays as far out of reach as every other non-word.
+        t = TOOLS_CHANNEL
+        embd[:, t] = 0.0
+        embd[vocab.tools_prompt_id, t] = _TOOLS_VALUE
+        output[:, t] = 0.0
+        output[vocab.tool_call_id, t] = _TOOLS_BIAS
     ones = np.ones(n_embd, dtype=np.float32)
 
     tensors = {"token_embd.weight": embd, "output_norm.weight": ones.copy(), "output.weight": output}
     for i in range(n_layer):
         attn_out = linear(n_embd, n_embd)
         ffn_down = linear(n_embd, n_ff)
-        # No layer writes to the constant channel, so the residual stream keeps it unchanged.
+        # No layer writes to the constant channel (or the tools channel), so the residual stream
+        # keeps it unchanged.
         attn_out[c, :] = 0.0
         ffn_down[c, :] = 0.0
+        if vocab.tools_prompt_id is not None:
+            attn_out[TOOLS_CHANNEL, :] = 0.0
+            ffn_down[TOOLS_CHANNEL, :] = 0.0
         tensors.update({
             f"blk.{i}.attn_norm.weight": ones.copy(),
             f"blk.{i}.attn_q.weight": linear(n_embd, n_embd),
@@ -282,18 +359,28 @@ def build_tiny_llama_gguf(
     n_ff: int = 128,
     ctx: int = 2048,
     seed: int = 0,
+    tools: bool = True,
 ) -> Path:
     """Write a random-weight llama GGUF to ``path`` and return the path.
 
     ``vocab_words`` become single tokens (with a leading space; the default is the words the
-    plugin builds prompts from). The same arguments always produce the same file. The file is
-    written next to ``path`` and renamed into place, so a reader never sees half a model.
+    plugin builds prompts from). With ``tools`` (the default) the model calls tools: the
+    vocabulary ends with :data:`TOOL_TOKENS`, the chat template is :data:`TOOLS_CHAT_TEMPLATE`, and
+    an answer to a request that offers tools opens with ``<tool_call>`` (llama.cpp's tool-call
+    grammar then writes a call to one of them); plain chat is unchanged. ``tools=False`` writes the
+    plain vocabulary and :data:`CHAT_TEMPLATE`. The same arguments always produce the same file.
+    The file is written next to ``path`` and renamed into place, so a reader never sees half a
+    model.
     """
     _check_dims(n_layer, n_embd, n_head, n_ff, ctx)
     if isinstance(vocab_words, str):
         raise TinyModelError("vocab_words must be a sequence of words, not one string")
+    if tools and n_embd < 3:
+        raise TinyModelError("n_embd must be at least 3 with tools (one channel is held constant, one marks tools)")
     gguf = _import_gguf()
     vocab = build_vocab(vocab_words)
+    if tools:
+        vocab = with_tool_tokens(vocab)
     tensors = _weights(vocab, n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, seed=seed)
     _check_tensor_names(gguf, list(tensors), n_layer)
 
@@ -321,7 +408,7 @@ def build_tiny_llama_gguf(
         writer.add_eos_token_id(vocab.eos_id)
         writer.add_eot_token_id(vocab.eot_id)
         writer.add_add_bos_token(False)
-        writer.add_chat_template(CHAT_TEMPLATE)
+        writer.add_chat_template(TOOLS_CHAT_TEMPLATE if tools else CHAT_TEMPLATE)
         for name, array in tensors.items():
             writer.add_tensor(name, array)
 
@@ -471,3 +558,62 @@ def build_tiny_mmproj_gguf(
             writer.add_tensor(name, array)
 
     return _write_gguf(gguf, out, gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.MMPROJ], fill)
+
+
+# ---------------------------------------------------------------------------- LoRA adapters
+
+LORA_TARGETS = ("attn_q", "attn_v")
+
+
+def build_tiny_lora_gguf(
+    path: str | os.PathLike[str],
+    *,
+    n_layer: int = 2,
+    n_embd: int = 64,
+    rank: int = 4,
+    alpha: float = 8.0,
+    targets: Sequence[str] = LORA_TARGETS,
+    seed: int = 0,
+) -> Path:
+    """Write a random LoRA adapter GGUF for the model of :func:`build_tiny_llama_gguf` (same
+    ``n_layer`` and ``n_embd``) and return the path: what llama.cpp's convert_lora_to_gguf.py
+    writes for a PEFT adapter (``general.type = "adapter"``, ``adapter.type = "lora"``,
+    ``adapter.lora.alpha``; ``blk.N.<target>.weight.lora_a`` of shape (rank, n_embd) and
+    ``.lora_b`` of shape (n_embd, rank) in numpy order), which ``llama-server --lora FILE``
+    loads and a request applies with ``"lora": [{"id": k, "scale": s}]``.
+
+    The adapter adds ``scale · alpha / rank · B·A`` to each target's weight. The default targets,
+    the query and value projections, leave the model's generation rules intact (the value
+    projection reaches the residual stream through ``attn_output``, whose constant and tools rows
+    are zero): an adapter changes which words are generated, never that they are whole words. The
+    same arguments always produce the same file.
+    """
+    for name, value in (("n_layer", n_layer), ("n_embd", n_embd), ("rank", rank)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise TinyModelError(f"{name} must be a positive integer, got {value!r}")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0:
+        raise TinyModelError(f"alpha must be a positive number, got {alpha!r}")
+    targets = tuple(targets) if not isinstance(targets, str) else (targets,)
+    unknown = [t for t in targets if t not in LORA_TARGETS]
+    if unknown or not targets:
+        raise TinyModelError(f"targets must be among {', '.join(LORA_TARGETS)}, got {list(targets)}")
+    gguf = _import_gguf()
+    rng = np.random.default_rng([seed, 2])
+    tensors: dict[str, np.ndarray] = {}
+    for i in range(n_layer):
+        for target in targets:
+            base = f"blk.{i}.{target}.weight"
+            tensors[base + ".lora_a"] = rng.normal(0.0, 1.0 / np.sqrt(n_embd), size=(rank, n_embd)).astype(np.float32)
+            tensors[base + ".lora_b"] = rng.normal(0.0, 0.5 / np.sqrt(rank), size=(n_embd, rank)).astype(np.float32)
+    _check_tensor_names(gguf, sorted({name.rsplit(".", 1)[0] for name in tensors}), n_layer)
+    out = _target(path)
+
+    def fill(writer: Any) -> None:
+        writer.add_name("pytest-llmperf tiny random lora")
+        writer.add_type(gguf.GGUFType.ADAPTER)
+        writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
+        writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(alpha))
+        for name, array in tensors.items():
+            writer.add_tensor(name, array)
+
+    return _write_gguf(gguf, out, "llama", fill)

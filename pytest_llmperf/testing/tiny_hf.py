@@ -153,6 +153,43 @@ def _run_writer(spec: dict[str, Any], path: str | os.PathLike[str], python: str 
     return out
 
 
+# --------------------------------------------------------------------- LoRA adapters
+
+HF_LORA_TARGETS = ("q_proj", "v_proj")
+
+
+def build_tiny_lora_hf(
+    path: str | os.PathLike[str],
+    *,
+    python: str | os.PathLike[str] | None = None,
+    n_layer: int = 2,
+    hidden: int = 128,
+    rank: int = 8,
+    alpha: float = 16.0,
+    targets: Sequence[str] = HF_LORA_TARGETS,
+    base_model: str = "tiny-llama",
+    seed: int = 0,
+) -> Path:
+    """Write a random PEFT LoRA adapter directory for :func:`build_tiny_llama_hf`'s model (same
+    ``n_layer`` and ``hidden``) with ``python`` and return it: ``adapter_config.json`` (LORA,
+    ``r = rank``, ``lora_alpha = alpha``, ``target_modules``) and ``adapter_model.safetensors``
+    (``base_model.model.model.layers.N.self_attn.<target>.lora_A.weight`` of shape (rank, hidden)
+    and ``.lora_B.weight`` of shape (hidden, rank)), what vLLM's ``--enable-lora --lora-modules
+    NAME=PATH`` loads. The query and value projections leave the model's generation rules intact
+    (see :func:`~.tiny_gguf.build_tiny_lora_gguf`). The same arguments give the same files."""
+    from pytest_llmperf.testing.tiny_gguf import TinyModelError
+
+    _positive(n_layer=n_layer, hidden=hidden, rank=rank)
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0:
+        raise TinyModelError(f"alpha must be a positive number, got {alpha!r}")
+    targets = (targets,) if isinstance(targets, str) else tuple(targets)
+    if not targets or any(t not in HF_LORA_TARGETS for t in targets):
+        raise TinyModelError(f"targets must be among {', '.join(HF_LORA_TARGETS)}, got {list(targets)}")
+    spec = {"lora": {"n_layer": n_layer, "hidden": hidden, "rank": rank, "alpha": float(alpha),
+                     "targets": list(targets), "base_model": base_model, "seed": seed}}
+    return _run_writer(spec, path, python)
+
+
 # --------------------------------------------------------------------- a vision-language model
 
 def _positive(**values: int) -> None:
@@ -400,12 +437,36 @@ def _write_idefics3(spec: dict[str, Any], out: Path, text_config: dict[str, Any]
     (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=1))
 
 
+def _write_lora(lora: dict[str, Any], out: Path) -> None:
+    """A PEFT LoRA adapter directory (see :func:`build_tiny_lora_hf`)."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng([lora["seed"], 3])
+    r, h = lora["rank"], lora["hidden"]
+    tensors = {}
+    for i in range(lora["n_layer"]):
+        for target in lora["targets"]:
+            p = f"base_model.model.model.layers.{i}.self_attn.{target}."
+            tensors[p + "lora_A.weight"] = rng.normal(0.0, 1.0 / np.sqrt(h), size=(r, h)).astype(np.float32)
+            tensors[p + "lora_B.weight"] = rng.normal(0.0, 0.5 / np.sqrt(r), size=(h, r)).astype(np.float32)
+    save_file(tensors, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
+    (out / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": r, "lora_alpha": lora["alpha"], "lora_dropout": 0.0,
+        "target_modules": lora["targets"], "bias": "none", "fan_in_fan_out": False, "modules_to_save": None,
+        "use_rslora": False, "use_dora": False, "base_model_name_or_path": lora["base_model"],
+    }, indent=1))
+
+
 def write_model(spec: dict[str, Any], out: Path) -> None:
-    """Write the model directory from ``spec`` (what :func:`build_tiny_llama_hf` or
-    :func:`build_tiny_idefics3_hf` computed)."""
+    """Write the model directory from ``spec`` (what :func:`build_tiny_llama_hf`,
+    :func:`build_tiny_idefics3_hf` or :func:`build_tiny_lora_hf` computed)."""
     from safetensors.numpy import save_file
 
     out.mkdir(parents=True)
+    if "lora" in spec:
+        _write_lora(spec["lora"], out)
+        return
     eos_id = spec["eos_id"]
     config = {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
