@@ -134,6 +134,12 @@ def test_records_travel_columnar_and_come_back_equal():
         RequestRecord(index=1, request_type="long", scheduled_s=0.025, sent_s=0.0251, token_source="counted",
                       error_kind="http_5xx", error_detail="HTTP 503: overloaded", status_code=503),
         RequestRecord(index=2, scheduled_s=0.05, sent_s=0.05, end_s=math.pi, ok=True, server_chunk_times_s=[]),
+        # The request kinds' fields: images, inputs, a checked answer with its call, draft counts, an adapter.
+        RequestRecord(index=3, scheduled_s=0.1, sent_s=0.1, end_s=0.2, ok=True, images=2, image_pixels=2 * 224 * 224,
+                      inputs=8, answer_valid=False, answer_invalid="bad_arguments", answer_error="days: 0 < 1",
+                      tool_calls=[{"id": "c1", "name": "weather", "arguments": '{"days": 0}'}], draft_tokens=12,
+                      draft_accepted=9, adapter="lora-2", request_type="lora-2"),
+        RequestRecord(index=4, scheduled_s=0.1, sent_s=0.1, end_s=0.2, ok=True, answer_valid=True, adapter=None),
     ]
     assert set(columnar.FIELDS) == set(RequestRecord.__slots__), "a new record field needs a column"
     packed = columnar.encode(records)

@@ -21,13 +21,18 @@ _FLOATS = ("scheduled_s", "sent_s")
 _OPT_FLOATS = ("headers_s", "end_s", "first_token_s", "first_visible_s")
 # Optional integers travel as float64 (exact below 2**53) with NaN for None.
 _OPT_INTS = ("prompt_tokens", "output_tokens", "reasoning_tokens", "cached_tokens", "status_code",
-             "requested_output_tokens", "prompt_tokens_expected", "session", "turn")
-_CATEGORIES = ("phase", "request_type", "token_source", "error_kind")
+             "requested_output_tokens", "prompt_tokens_expected", "session", "turn", "draft_tokens",
+             "draft_accepted")
+_INTS = ("images", "image_pixels", "inputs")
+_OPT_BOOLS = ("answer_valid",)  # int8: 1, 0, or -1 for None
+_CATEGORIES = ("phase", "request_type", "token_source", "error_kind", "answer_invalid", "adapter")
 _RAGGED = ("chunk_times_s", "chunk_tokens")
 _OPT_RAGGED = ("server_chunk_times_s",)
-_SPARSE_TEXT = ("error_detail", "response_text")  # response_text: a list of strings, kept as is
+# response_text (a list of strings) and tool_calls (a list of dicts) are kept as they are.
+_SPARSE_TEXT = ("error_detail", "response_text", "answer_error", "tool_calls")
 _OTHER = ("index", "ok", "output_length_fixed")
-FIELDS = _FLOATS + _OPT_FLOATS + _OPT_INTS + _CATEGORIES + _RAGGED + _OPT_RAGGED + _SPARSE_TEXT + _OTHER
+FIELDS = (_FLOATS + _OPT_FLOATS + _OPT_INTS + _INTS + _OPT_BOOLS + _CATEGORIES + _RAGGED + _OPT_RAGGED
+          + _SPARSE_TEXT + _OTHER)
 
 
 def encode(records: list[RequestRecord]) -> dict[str, Any]:
@@ -40,6 +45,11 @@ def encode(records: list[RequestRecord]) -> dict[str, Any]:
         out[name] = np.fromiter((getattr(r, name) for r in records), np.float64, n)
     for name in _OPT_FLOATS + _OPT_INTS:
         out[name] = np.fromiter((_nan(getattr(r, name)) for r in records), np.float64, n)
+    for name in _INTS:
+        out[name] = np.fromiter((getattr(r, name) for r in records), np.int64, n)
+    for name in _OPT_BOOLS:
+        out[name] = np.fromiter((-1 if getattr(r, name) is None else int(getattr(r, name)) for r in records),
+                                np.int8, n)
     for name in _CATEGORIES:
         values: dict[Any, int] = {}
         codes = np.fromiter((values.setdefault(getattr(r, name), len(values)) for r in records), np.int32, n)
@@ -69,6 +79,10 @@ def decode(columns: dict[str, Any]) -> list[RequestRecord]:
         fields[name] = [None if x != x else float(x) for x in columns[name]]
     for name in _OPT_INTS:
         fields[name] = [None if x != x else int(x) for x in columns[name]]
+    for name in _INTS:
+        fields[name] = [int(x) for x in columns[name]]
+    for name in _OPT_BOOLS:
+        fields[name] = [None if x < 0 else bool(x) for x in columns[name]]
     for name in _CATEGORIES:
         codes, values = columns[name]
         fields[name] = [values[c] for c in codes]
