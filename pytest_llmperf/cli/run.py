@@ -50,6 +50,16 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, default=1, help="embeddings: inputs per request")
     p.add_argument("--documents", type=int, help="rerank: documents per query (default 8)")
     p.add_argument("--document-tokens", type=int, help="rerank: tokens per document (default 128)")
+    p.add_argument("--tools", type=int, metavar="N", help="chat: offer N generated function tools")
+    p.add_argument("--tool-choice", default="auto", metavar="CHOICE",
+                   help="with --tools: auto, required, none, or a function's name (default auto)")
+    p.add_argument("--response-format", metavar="json_object|SCHEMA.json",
+                   help="chat: answers must be a JSON object, or validate against the JSON Schema in a file")
+    adapters = p.add_mutually_exclusive_group()
+    adapters.add_argument("--adapters", type=int, metavar="N",
+                          help="spread requests over N LoRA adapters lora-1..lora-N, Zipf popularity (s = 1)")
+    adapters.add_argument("--adapter", action="append", metavar="NAME", help="a LoRA adapter to send requests to "
+                          "(repeatable; equal shares)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--slo", action="append", default=[], metavar="KEY=VALUE",
                    help="per-request SLO for goodput and a pass/fail check, e.g. ttft_p95=0.5 (repeatable)")
@@ -80,15 +90,35 @@ def _workload_from_args(args: argparse.Namespace) -> Workload:
     if args.documents is not None or args.document_tokens is not None:
         rerank = {k: v for k, v in (("documents", args.documents), ("document_tokens", args.document_tokens))
                   if v is not None}
+    tools = {"count": args.tools, "choice": args.tool_choice} if args.tools is not None else None
+    adapters: dict[str, object] | None = None
+    if args.adapters is not None:
+        adapters = {"count": args.adapters, "zipf": 1.0}
+    elif args.adapter:
+        adapters = {"names": list(args.adapter)}
     try:
         return Workload(
             input_tokens=args.input_tokens, output_tokens=args.output_tokens or 1, rate_rps=args.rate,
             concurrency=args.concurrency, duration_s=args.duration, num_requests=args.num_requests,
             warmup_s=args.warmup, arrival=args.arrival, cache=args.cache, api=args.api, seed=args.seed,
-            images=images, batch_size=args.batch_size, rerank=rerank,
+            images=images, batch_size=args.batch_size, rerank=rerank, tools=tools,
+            response_format=_response_format(args.response_format), adapters=adapters,
         )
     except WorkloadError as exc:
         raise CliError(f"workload: {exc}") from None
+
+
+def _response_format(value: str | None) -> object:
+    """``json_object``, or the JSON Schema in a file."""
+    if value is None or value == "json_object":
+        return value
+    try:
+        schema = jsonio.loads(Path(value).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise CliError(f"--response-format {value}: cannot read the schema file: {exc.strerror}") from None
+    except ValueError as exc:
+        raise CliError(f"--response-format {value}: not JSON: {exc}") from None
+    return {"schema": schema, "name": Path(value).stem}
 
 
 def _count(text: str) -> int | list[int]:
