@@ -23,7 +23,7 @@ from pytest_llmperf.metrics import Summary, summarize
 from pytest_llmperf.objectives import SLO, check
 from pytest_llmperf.records import RequestRecord
 from pytest_llmperf.results import with_spec_counters
-from pytest_llmperf.servers.engine_presets import PresetError, UnknownAdapter, build_launch, get_preset
+from pytest_llmperf.servers.engine_presets import PresetError, UnknownAdapter, build_launch, engine_preset
 from pytest_llmperf.traffic.adapters import AdapterSpec, AdapterSpecError
 from pytest_llmperf.traffic.structured import ResponseFormatSpec, StructuredSpecError, ToolSpec
 from pytest_llmperf.workload import Workload, WorkloadError
@@ -303,9 +303,9 @@ LOADED = [{"id": 0, "path": "/models/sql.gguf", "scale": 0.0, "task_name": "", "
 
 def test_adapter_fields_name_the_adapter_the_way_each_engine_takes_it():
     for preset in ("vllm", "sglang", "sim", "command"):
-        assert get_preset(preset).adapter_fields("sql") == {"model": "sql"}
-        assert get_preset(preset).adapters_path is None
-    llamacpp = get_preset("llamacpp")
+        assert engine_preset(preset).adapter_fields("sql") == {"model": "sql"}
+        assert engine_preset(preset).adapters_path is None
+    llamacpp = engine_preset("llamacpp")
     assert llamacpp.adapters_path == "/lora-adapters"
     # by the file's stem, its file name, its path as given, or its task name
     for name, k in (("sql", 0), ("sql.gguf", 0), ("/models/sql.gguf", 0), ("chat-v2", 1), ("support", 1)):
@@ -325,9 +325,9 @@ def test_adapter_fields_name_the_adapter_the_way_each_engine_takes_it():
 
 def test_bad_adapter_styles_are_refused():
     with pytest.raises(PresetError, match="unknown adapter_style 'header'"):
-        dataclasses.replace(get_preset("vllm"), adapter_style="header")
+        dataclasses.replace(engine_preset("vllm"), adapter_style="header")
     with pytest.raises(PresetError, match="needs adapters_path"):
-        dataclasses.replace(get_preset("llamacpp"), adapters_path=None)
+        dataclasses.replace(engine_preset("llamacpp"), adapters_path=None)
 
 
 def test_a_launch_knows_where_the_server_lists_its_adapters(tmp_path):
@@ -371,7 +371,7 @@ def test_the_runner_reads_the_servers_adapters_once_before_any_load(monkeypatch)
         seen.append(str(request.url))
         return httpx.Response(200, json=LOADED)
 
-    llamacpp = get_preset("llamacpp")
+    llamacpp = engine_preset("llamacpp")
     runner = _runner_with(monkeypatch, handler, adapter_fields=llamacpp.adapter_fields,
                           adapters_url="http://llama/lora-adapters")
     workload = Workload(rate_rps=1, duration_s=1, adapters={"names": ["sql", "support"]})
@@ -385,7 +385,7 @@ def test_the_runner_reads_the_servers_adapters_once_before_any_load(monkeypatch)
                                                      r"/lora-adapters lists sql \(id 0, /models/sql.gguf\), chat-v2"):
         asyncio.run(runner._adapter_body(Workload(rate_rps=1, duration_s=1, adapters={"names": ["sql", "nope"]})))
     # the model-field engines: nothing to read, the name goes in the model field
-    runner = _runner_with(monkeypatch, handler, adapter_fields=get_preset("vllm").adapter_fields)
+    runner = _runner_with(monkeypatch, handler, adapter_fields=engine_preset("vllm").adapter_fields)
     assert asyncio.run(runner._adapter_body(workload)) == {"sql": {"model": "sql"}, "support": {"model": "support"}}
     assert len(seen) == 2  # the failed run's one read, none for vLLM
 
@@ -396,7 +396,7 @@ def test_the_runner_reads_the_servers_adapters_once_before_any_load(monkeypatch)
     (httpx.Response(200, json={"data": []}), "answered \"{'data': \\[\\]}\", not a list of adapters"),
 ])
 def test_an_adapter_list_that_cannot_be_read_fails_the_run(monkeypatch, answer, message):
-    runner = _runner_with(monkeypatch, lambda request: answer, adapter_fields=get_preset("llamacpp").adapter_fields,
+    runner = _runner_with(monkeypatch, lambda request: answer, adapter_fields=engine_preset("llamacpp").adapter_fields,
                           adapters_url="http://llama/lora-adapters")
     with pytest.raises(runner_module.RunError, match=message):
         asyncio.run(runner._adapter_body(Workload(rate_rps=1, duration_s=1, adapters={"names": ["sql"]})))

@@ -44,7 +44,7 @@ import httpx
 import jsonschema
 import pytest
 
-from pytest_llmperf.servers.engine_presets import UnknownAdapter, build_launch, get_preset
+from pytest_llmperf.servers.engine_presets import UnknownAdapter, build_launch, engine_preset
 from pytest_llmperf.servers.process import free_port
 from pytest_llmperf.stats import VERDICTS
 from pytest_llmperf.testing import find_llama_server
@@ -348,7 +348,7 @@ def test_lora_adapters_are_selected_per_request_by_id_not_by_model(on_path, file
         assert words(server, model="sql", cache_prompt=False) == base  # the model field is ignored
         assert words(server, lora=[{"id": 7, "scale": 1.0}], cache_prompt=False) == base  # an unknown id too
         # The preset's selection (what the plugin sends): by the adapter file's stem, from the list.
-        preset = get_preset("llamacpp")
+        preset = engine_preset("llamacpp")
         assert preset.adapter_fields("sql", loaded) == {"lora": [{"id": 0, "scale": 1.0}]}
         assert words(server, **preset.adapter_fields("chat", loaded)) == chat
         with pytest.raises(UnknownAdapter, match=r"'nope' is not loaded on the server: GET /lora-adapters lists "

@@ -199,7 +199,7 @@ def test_llamacpp_prefers_llama_server(tmp_path: Path):
     gguf.write_bytes(b"GGUF")
     spec = build_launch(
         "llamacpp", model=str(gguf), host="127.0.0.1", port=8081, extra_args=["-c", "2048"],
-        which=fake_which("llama-server"), module_available=lambda m: True,
+        which=fake_which("llama-server"), module_available=lambda m: True, environ=NO_INSTALLS,
     )
     assert spec.command == [
         "/opt/bin/llama-server", "-m", str(gguf), "--host", "127.0.0.1", "--port", "8081", "--metrics", "-c", "2048",
