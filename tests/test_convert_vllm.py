@@ -137,7 +137,7 @@ def test_multimodal_definitions_send_vllms_random_mm_traffic():
         "serving_qwen3b_tp1_random_mm_2x224_224", "serving_qwen3b_tp1_random_mm_var_256_256_720_1280",
         "serving_qwen7b_tp1_random_mm_1x448_448"]
     for s in conversion.subsuites:
-        assert s.server.sim_args == ("--vision", SIM_VISION_ENCODER)
+        assert s.server.sim_args == () and s.server.sim_preset == f"llama-3.1-8b-h100+{SIM_VISION_ENCODER}"
         assert s.server.env == CPU_ENV
     # bash removes the quotes around the JSON of limit_mm_per_prompt, as it does for vLLM's runner
     assert conversion.subsuites[1].server.args == (
@@ -362,26 +362,6 @@ def _run_on_sim(pytester, source: Path) -> None:
         result.assert_outcomes(passed=cases)
 
 
-def _sim_vision() -> str | None:
-    """Why the simulator cannot serve the generated image tests yet (None when it can)."""
-    from pytest_llmperf.sim.cli import build_parser
-
-    for action in build_parser()._actions:
-        if "--vision" in action.option_strings:
-            if action.choices is not None and SIM_VISION_ENCODER not in action.choices:
-                return f"the simulator's --vision has no encoder {SIM_VISION_ENCODER!r} (it has {action.choices})"
-            return None
-    return f"the simulator has no --vision flag yet: the image sub-suites ask for --vision {SIM_VISION_ENCODER}"
-
-
-def _sim_embeddings() -> str | None:
-    from pytest_llmperf.sim.app import build_app
-
-    if any(getattr(route, "path", None) == "/v1/embeddings" for route in build_app().routes):
-        return None
-    return "the simulator does not serve /v1/embeddings yet"
-
-
 @pytest.mark.integration
 def test_the_text_suite_passes_on_the_simulator(pytester):
     _run_on_sim(pytester, TEXT)
@@ -410,17 +390,11 @@ def test_a_sub_suite_runs_in_a_session_of_its_own(pytester):
 
 @pytest.mark.integration
 def test_the_multimodal_suite_passes_on_the_simulator(pytester):
-    reason = _sim_vision()
-    if reason:
-        pytest.skip(reason)
     _run_on_sim(pytester, MULTIMODAL)
 
 
 @pytest.mark.integration
 def test_the_embeddings_suite_passes_on_the_simulator(pytester):
-    reason = _sim_embeddings()
-    if reason:
-        pytest.skip(reason)
     _run_on_sim(pytester, EMBED)
 
 

@@ -10,8 +10,8 @@ Two models, both written here by the vLLM venv's Python (nothing is downloaded):
   Idefics3 and transformers' PIL image processor work without torchvision, which this venv has
   to go without (see docs/engines.md for the models that do not).
 
-One pytest session per vLLM launch (~17-27 s on 2 cores), and the launch reused for everything
-that server can answer: the pooling session checks vLLM's raw answers from inside (through the
+One pytest session per vLLM launch (~17-27 s on 2 cores), the two sessions run at once (their
+starts overlap), and each launch reused for everything that server can answer: the pooling session checks vLLM's raw answers from inside (through the
 ``llm_server`` fixture) before the embeddings and rerank workloads; the image session checks the
 raw counts and runs an image workload whose images vLLM fetches from the client's own URL server.
 Saving a baseline and comparing against it takes a second launch (~25 s more), so the kinds' gate
@@ -22,7 +22,9 @@ machine: plumbing and counts, never speed.
 
 import json
 import os
+import re
 import subprocess
+import sys
 
 import pytest
 
@@ -246,14 +248,16 @@ def test_images(llmperf):
 """
 
 
-def _outcomes(result, **expected):
-    outcomes = result.parseoutcomes()
-    got = {k: outcomes.get(k, 0) for k in ("passed", "failed", "errors")}
-    assert got == {"passed": 0, "failed": 0, "errors": 0, **expected}, "\n".join(result.outlines[-80:])
+def _outcomes(session: dict, **expected):
+    """Passed/failed/errors counts of a finished session against ``expected`` (its output shown)."""
+    got = {k: 0 for k in ("passed", "failed", "errors")}
+    for count, word in re.findall(r"(\d+) (passed|failed|errors?)\b", session["summary"]):
+        got["errors" if word.startswith("error") else word] = int(count)
+    assert got == {"passed": 0, "failed": 0, "errors": 0, **expected}, session["output"][-6000:]
 
 
-def _tests(pytester):
-    doc = json.loads((pytester.path / ".llmperf" / "report" / "llmperf.json").read_text())
+def _tests(path):
+    doc = json.loads((path / ".llmperf" / "report" / "llmperf.json").read_text())
     return doc, {t["nodeid"].split("::")[-1]: t for t in doc["tests"]}
 
 
@@ -263,13 +267,39 @@ def _args(model, server_args):
             "--llmperf-startup-timeout", "300"]
 
 
+def _start(path, source, args):
+    """A pytest session of its own over ``source``, started in ``path`` (not waited for)."""
+    path.mkdir()
+    (path / "test_session.py").write_text(source)
+    return subprocess.Popen([sys.executable, "-m", "pytest", *args], cwd=path, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def _finish(process) -> dict:
+    output, _ = process.communicate(timeout=360)
+    lines = [ln for ln in output.splitlines() if ln.strip()]
+    return {"output": output, "summary": lines[-1] if lines else "", "returncode": process.returncode}
+
+
 @pytest.mark.realengine
-def test_plugin_embeddings_and_rerank_against_vllm_pooling(vllm_env, text_model, pytester):
-    pytester.makepyfile(test_pooling=POOLING_TESTS)
-    result = pytester.runpytest_subprocess(*_args(text_model, POOLING_ARGS), timeout=300)
-    _outcomes(result, passed=3)
-    result.stdout.fnmatch_lines(["*server: vllm 0.* serving *tiny-llama*"])
-    _, tests = _tests(pytester)
+def test_plugin_pooling_and_images_against_vllm(vllm_env, text_model, vision_model, tmp_path):
+    """Two servers at once, each in a session of its own: the embedding model (embeddings and
+    rerank) and the vision model (images). A vLLM launch on 2 cores is mostly one Python process
+    importing torch and vLLM, so the two starts overlap at little cost, where one after the other
+    they took ~60 s of the test command; what is checked is plumbing and counts, never speed."""
+    pytest.importorskip("PIL")
+    pooling = _start(tmp_path / "pooling", POOLING_TESTS, _args(text_model, POOLING_ARGS))
+    images = _start(tmp_path / "images", IMAGE_TESTS, _args(vision_model, IMAGE_ARGS))
+    try:
+        pooled, imaged = _finish(pooling), _finish(images)
+    finally:
+        for process in (pooling, images):
+            if process.poll() is None:
+                process.kill()
+
+    _outcomes(pooled, passed=3)
+    assert "server: vllm 0." in pooled["output"] and "tiny-llama" in pooled["output"], pooled["output"][-3000:]
+    _, tests = _tests(tmp_path / "pooling")
     for name in ("test_embeddings", "test_rerank"):
         (run,) = tests[name]["runs"]
         assert run["cache_check"] is None  # a pooling kind makes no cold/warm claim
@@ -281,14 +311,8 @@ def test_plugin_embeddings_and_rerank_against_vllm_pooling(vllm_env, text_model,
     sent = (MEASURED + WARMUP) * 4 * 32
     assert all(t["deltas"]["prompt_tokens"] == sent for t in tests["test_embeddings"]["runs"][0]["telemetry"])
 
-
-@pytest.mark.realengine
-def test_plugin_images_against_a_vllm_vision_model(vllm_env, vision_model, pytester):
-    pytest.importorskip("PIL")
-    pytester.makepyfile(test_images=IMAGE_TESTS)
-    result = pytester.runpytest_subprocess(*_args(vision_model, IMAGE_ARGS), timeout=300)
-    _outcomes(result, passed=2)
-    result.stdout.fnmatch_lines(["*server: vllm 0.* serving *tiny-idefics3*"])
-    _, tests = _tests(pytester)
+    _outcomes(imaged, passed=2)
+    assert "tiny-idefics3" in imaged["output"], imaged["output"][-3000:]
+    _, tests = _tests(tmp_path / "images")
     summary = tests["test_images"]["runs"][0]["summary"]
     assert summary["images_total"] >= TRIALS * MEASURED

@@ -278,6 +278,8 @@ def render_ini(subsuite: SubSuite, conversion: Conversion, command: str) -> str:
     ]
     if server.args:
         lines.append(f"llmperf_server_args = {shlex.join(server.args)}")
+    if server.sim_preset:
+        lines.append(f"llmperf_sim_preset = {server.sim_preset}")
     if server.sim_args:
         lines.append(f"llmperf_sim_args = {shlex.join(server.sim_args)}")
     lines += [f"llmperf_store = .llmperf/{subsuite.name}", f"llmperf_report_dir = .llmperf/report/{subsuite.name}"]

@@ -70,7 +70,8 @@ vLLM                                   pytest-llmperf
 The server parameters become the vLLM preset's arguments (``llmperf_server_args``, model as
 ``llmperf_model``) and the environment is set before the server launches; the ones the simulator
 models (``--max-num-seqs``, ``--max-num-batched-tokens``) are also given to it, and an image test's
-sub-suite gives the simulator a vision encoder (:data:`SIM_VISION_ENCODER`).
+sub-suite gives the simulator a vision encoder (:data:`SIM_VISION_PRESET`: the default preset
+``+`` :data:`SIM_VISION_ENCODER`).
 
 Approximations, each written as a :class:`Note` where it applies:
 
@@ -141,9 +142,10 @@ DEFAULT_OUTPUT_LEN = 128
 DEFAULT_MM_ITEMS = 1
 DEFAULT_MM_LIMIT = {"image": 255, "video": 1}
 DEFAULT_MM_BUCKETS = {(256, 256, 1): 0.5, (720, 1280, 1): 0.5, (720, 1280, 16): 0.0}
-# The simulator's vision encoder for image tests (``--vision``): Qwen2.5-VL's ViT, the encoder of
-# the vision-language models vLLM's multimodal CI serves.
+# The simulator's vision encoder for image tests, attached to its default preset: Qwen2.5-VL's ViT,
+# the encoder of the vision-language models vLLM's multimodal CI serves.
 SIM_VISION_ENCODER = "qwen2.5-vl-vit"
+SIM_VISION_PRESET = f"llama-3.1-8b-h100+{SIM_VISION_ENCODER}"
 # Server parameters the simulator models, as its own flags.
 SIM_FLAGS = {"max-num-seqs": "--max-num-seqs", "max-num-batched-tokens": "--max-num-batched-tokens"}
 
@@ -263,6 +265,8 @@ class ServerSetup:
     args: tuple[str, ...]
     env: tuple[tuple[str, str], ...]
     sim_args: tuple[str, ...] = ()
+    # The simulator's preset where the tests need more than its default (a vision encoder).
+    sim_preset: str | None = None
 
     def command(self) -> str:
         """The launch line as vLLM's runner writes it (``server_command``)."""
@@ -518,9 +522,8 @@ def _server_setup(test: _Test, path: Path, notes: list[Note], images: bool) -> S
         flag = SIM_FLAGS.get(key.replace("_", "-"))
         if flag is not None and _is_int(value):
             sim_args += [flag, str(int(value))]
-    if images:
-        sim_args += ["--vision", SIM_VISION_ENCODER]
-    return ServerSetup(model=model, args=tuple(args), env=tuple(env), sim_args=tuple(sim_args))
+    return ServerSetup(model=model, args=tuple(args), env=tuple(env), sim_args=tuple(sim_args),
+                       sim_preset=SIM_VISION_PRESET if images else None)
 
 
 # ---------------------------------------------------------------------- the client
@@ -965,7 +968,7 @@ def _subsuite_names(groups: list[tuple[ServerSetup, list[str]]]) -> list[str]:
 
 
 __all__ = [
-    "CLIENT_TIMEOUT_S", "SHAREGPT_FILE", "SHAREGPT_URL", "SIM_VISION_ENCODER", "Case", "Conversion", "ConversionError",
+    "CLIENT_TIMEOUT_S", "SHAREGPT_FILE", "SHAREGPT_URL", "SIM_VISION_ENCODER", "SIM_VISION_PRESET", "Case", "Conversion", "ConversionError",
     "Definition", "Note", "ServerSetup", "SubSuite", "bench_load", "ceilings", "convert", "format_qps", "jq_tostring",
     "json2args", "read_tests", "tail_percentile",
 ]
