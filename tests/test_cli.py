@@ -80,7 +80,7 @@ def test_a_baseline_name_opens_as_the_plugin_opens_it(tmp_path, capsys):
     one a data error (exit 2) naming the file and the entry."""
     from pytest_llmperf.baseline.history import open_baseline
     from pytest_llmperf.baseline.store import BaselineCorrupt, BaselineStore
-    from pytest_llmperf.cli.compare import load_side
+    from pytest_llmperf.cli.compare_command import load_side
 
     store = BaselineStore(tmp_path, keep=None)
     store.save("main", _session("a"))

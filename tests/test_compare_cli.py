@@ -18,7 +18,7 @@ import saved
 
 from pytest_llmperf.baseline.schema import session_document
 from pytest_llmperf.baseline.store import BaselineStore
-from pytest_llmperf.cli.compare import compare_main
+from pytest_llmperf.cli.compare_command import compare_main
 from pytest_llmperf.cli.main import main as cli_main
 from pytest_llmperf.objectives import SLO
 from pytest_llmperf.report.document import build_document

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_llmperf.cli import compare, history
+from pytest_llmperf.cli import compare_command, history_command
 from pytest_llmperf.cli import main as cli_main
 from pytest_llmperf.cli.options import OPTIONS
 
@@ -45,7 +45,7 @@ def _documents() -> list[Path]:
 
 def _cli_flags() -> set[str]:
     flags: set[str] = set()
-    parsers = [cli_main.build_parser(), compare.build_parser(), history.build_parser()]
+    parsers = [cli_main.build_parser(), compare_command.build_parser(), history_command.build_parser()]
     while parsers:
         parser = parsers.pop()
         for action in parser._actions:

@@ -70,7 +70,7 @@ def test_corrupt_samples_raise_baseline_corrupt():
 
 
 def test_corrupt_samples_in_a_saved_run_read_as_a_corrupt_baseline(tmp_path, capsys):
-    from pytest_llmperf.cli.baselines import baselines_main
+    from pytest_llmperf.cli.baselines_command import baselines_main
 
     store = BaselineStore(tmp_path)
     path = store.save("main", {"tests": {}, "ttft_s": pack_samples(np.ones(3))})

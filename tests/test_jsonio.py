@@ -18,7 +18,7 @@ from pytest_llmperf.baseline.compare import trial_stat
 from pytest_llmperf.baseline.schema import entry_gated_stats
 from pytest_llmperf.baseline.store import BaselineStore
 from pytest_llmperf.baseline.synthetic import synthetic_session
-from pytest_llmperf.cli.compare import compare_runs, load_side
+from pytest_llmperf.cli.compare_command import compare_runs, load_side
 from pytest_llmperf.errors import LLMPerfError
 from pytest_llmperf.formatting import fmt_value
 

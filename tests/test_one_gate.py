@@ -22,7 +22,7 @@ import sys
 
 import pytest
 
-from pytest_llmperf.cli.compare import compare_main
+from pytest_llmperf.cli.compare_command import compare_main
 
 pytestmark = pytest.mark.integration
 

@@ -17,7 +17,7 @@ import pytest
 from pytest_llmperf import defaults
 from pytest_llmperf.baseline.history import DEFAULT_HISTORY
 from pytest_llmperf.baseline.store import DEFAULT_ROOT, BaselineStore
-from pytest_llmperf.cli import compare, history
+from pytest_llmperf.cli import compare_command, history_command
 from pytest_llmperf.cli import main as cli_main
 from pytest_llmperf.cli.options import OPTIONS, SERVER_CHOICES, LLMPerfOptions, OptionError, option_spec, resolve
 
@@ -32,15 +32,15 @@ def _run_parser() -> argparse.ArgumentParser:
 
 # (command, its parser, the arguments it needs anyway, its flag, the table's option)
 SHARED: list[tuple[str, Callable[[], argparse.ArgumentParser], list[str], str, str]] = [
-    ("compare", compare.build_parser, ["a", "b"], "--store", "store"),
-    ("compare", compare.build_parser, ["a", "b"], "--tolerance", "tolerance"),
-    ("compare", compare.build_parser, ["a", "b"], "--alpha", "alpha"),
-    ("compare", compare.build_parser, ["a", "b"], "--history", "history"),
-    ("compare", compare.build_parser, ["a", "b"], "--session-cv", "session-cv"),
-    ("compare", compare.build_parser, ["a", "b"], "--allow-diff", "allow-diff"),
-    ("compare", compare.build_parser, ["a", "b"], "--strict", "strict"),
-    ("compare", compare.build_parser, ["a", "b"], "--bisect", "bisect"),
-    ("history", history.build_parser, ["main"], "--store", "store"),
+    ("compare", compare_command.build_parser, ["a", "b"], "--store", "store"),
+    ("compare", compare_command.build_parser, ["a", "b"], "--tolerance", "tolerance"),
+    ("compare", compare_command.build_parser, ["a", "b"], "--alpha", "alpha"),
+    ("compare", compare_command.build_parser, ["a", "b"], "--history", "history"),
+    ("compare", compare_command.build_parser, ["a", "b"], "--session-cv", "session-cv"),
+    ("compare", compare_command.build_parser, ["a", "b"], "--allow-diff", "allow-diff"),
+    ("compare", compare_command.build_parser, ["a", "b"], "--strict", "strict"),
+    ("compare", compare_command.build_parser, ["a", "b"], "--bisect", "bisect"),
+    ("history", history_command.build_parser, ["main"], "--store", "store"),
     ("run", _run_parser, ["--url", "http://x/v1"], "--model", "model"),
     ("run", _run_parser, ["--url", "http://x/v1"], "--api-key-env", "api-key-env"),
     ("run", _run_parser, ["--url", "http://x/v1"], "--timeslice", "timeslice"),
@@ -103,7 +103,7 @@ def test_shared_flag_refuses_what_the_plugin_refuses(command, build, needed, fla
 
 
 def test_every_command_flag_built_from_the_table_is_listed_here():
-    parsers = {"compare": compare.build_parser(), "history": history.build_parser(), "run": _run_parser()}
+    parsers = {"compare": compare_command.build_parser(), "history": history_command.build_parser(), "run": _run_parser()}
     tagged = {(command, flag) for command, parser in parsers.items() for a in parser._actions
               if getattr(a, "llmperf_option", None) for flag in a.option_strings}
     assert tagged == {(command, flag) for command, _, _, flag, _ in SHARED}

@@ -515,7 +515,7 @@ def test_telemetry_in_the_model_holds_what_the_telemetry_module_records():
     from pytest_llmperf.report.model import GpuReport, JsonReader, ServerMetricsReport
     from pytest_llmperf.telemetry.gpu import GpuDeviceStats, GpuTelemetry
     from pytest_llmperf.telemetry.prometheus import Snapshot
-    from pytest_llmperf.telemetry.server import SeriesPoint, ServerTelemetry
+    from pytest_llmperf.telemetry.server_metrics import SeriesPoint, ServerTelemetry
 
     gpu = GpuTelemetry(available=True, duration_s=2.0, power_max_w=700.0, devices=[
         GpuDeviceStats(index=0, name="H100", memory_total_bytes=80 * 2**30, memory_used_peak_bytes=2**30,

@@ -23,7 +23,7 @@ from pytest_llmperf.baseline.store import (
     StoreError,
     StoreWarning,
 )
-from pytest_llmperf.cli.baselines import baselines_main
+from pytest_llmperf.cli.baselines_command import baselines_main
 from pytest_llmperf.errors import InputError, pytest_flag
 from pytest_llmperf.fingerprint import Fingerprint, FingerprintMismatch, ensure_comparable
 

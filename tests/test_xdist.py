@@ -119,7 +119,7 @@ def test_perf_tests_run_serially_on_one_worker_and_the_controller_reports_and_sa
 
 
 def test_verdicts_under_xdist_match_a_run_without_it(pytester):
-    from pytest_llmperf.cli.compare import compare_main
+    from pytest_llmperf.cli.compare_command import compare_main
 
     _suite(pytester)
     _run_without_xdist(pytester, "--llmperf-save", "main").assert_outcomes(passed=6)

@@ -11,7 +11,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from pytest_llmperf._version import __version__
-from pytest_llmperf.cli.run import CliError, add_run_parser, cmd_run
+from pytest_llmperf.cli.run_command import CliError, add_run_parser, cmd_run
 from pytest_llmperf.errors import InputError
 
 if TYPE_CHECKING:
@@ -44,23 +44,23 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return sim_main(argv[1:])
     if argv and argv[0] == "baselines":
-        from pytest_llmperf.cli.baselines import baselines_main
+        from pytest_llmperf.cli.baselines_command import baselines_main
 
         return baselines_main(argv[1:])
     if argv and argv[0] == "history":
-        from pytest_llmperf.cli.history import history_main
+        from pytest_llmperf.cli.history_command import history_main
 
         return history_main(argv[1:])
     if argv and argv[0] == "dashboard":
-        from pytest_llmperf.cli.dashboard import dashboard_main
+        from pytest_llmperf.cli.dashboard_command import dashboard_main
 
         return dashboard_main(argv[1:])
     if argv and argv[0] == "convert":
-        from pytest_llmperf.cli.convert import convert_main
+        from pytest_llmperf.cli.convert_command import convert_main
 
         return convert_main(argv[1:])
     if argv and argv[0] == "compare":
-        from pytest_llmperf.cli.compare import compare_main
+        from pytest_llmperf.cli.compare_command import compare_main
 
         return compare_main(argv[1:])
     parser = build_parser()

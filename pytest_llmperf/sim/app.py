@@ -30,7 +30,7 @@ from pytest_llmperf.sim.pooling import (
     parse_rerank,
     rerank_body,
 )
-from pytest_llmperf.sim.protocol import (
+from pytest_llmperf.sim.request_parsing import (
     ApiError,
     error_response,
     json_body,

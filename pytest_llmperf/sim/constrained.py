@@ -37,7 +37,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_llmperf.sim.protocol import ApiError
+from pytest_llmperf.sim.request_parsing import ApiError
 from pytest_llmperf.sim.tokenizer import VOCAB_WORDS, tool_call_text
 
 TOOL_CHOICES = ("auto", "none", "required")

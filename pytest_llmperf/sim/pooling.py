@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pytest_llmperf.sim.protocol import ApiError, bool_field, int_field
+from pytest_llmperf.sim.request_parsing import ApiError, bool_field, int_field
 from pytest_llmperf.sim.responses import SIMULATED_DROP, maybe_stall
 from pytest_llmperf.sim.scheduler import FINISHED, Sequence
 from pytest_llmperf.sim.tokenizer import pair_ids

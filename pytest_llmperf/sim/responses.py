@@ -20,7 +20,7 @@ from pytest_llmperf.sim.scheduler import FINISHED, Sequence
 if TYPE_CHECKING:
     from starlette.types import Receive, Scope, Send
 
-    from pytest_llmperf.sim.protocol import GenRequest
+    from pytest_llmperf.sim.request_parsing import GenRequest
     from pytest_llmperf.sim.state import SimState
     from pytest_llmperf.sim.textgen import OutputPlan
 

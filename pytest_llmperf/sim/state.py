@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 
 from pytest_llmperf.sim.engine import Engine
 from pytest_llmperf.sim.exposition import SimMetrics
-from pytest_llmperf.sim.multimodal import ImageLoader, pillow
-from pytest_llmperf.sim.protocol import ApiError
+from pytest_llmperf.sim.image_loading import ImageLoader, pillow
+from pytest_llmperf.sim.request_parsing import ApiError
 from pytest_llmperf.sim.tokenizer import SimTokenizer
 
 if TYPE_CHECKING:

@@ -27,7 +27,7 @@ from pytest_llmperf.telemetry.prometheus import (
     TelemetryError,
     parse_exposition,
 )
-from pytest_llmperf.telemetry.server import (
+from pytest_llmperf.telemetry.server_metrics import (
     ScrapeOutcome,
     SeriesPoint,
     ServerTelemetry,
