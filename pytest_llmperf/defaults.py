@@ -8,6 +8,8 @@ must not load the baseline package or anything heavy.
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 DEFAULT_STORE = ".llmperf"  # the store's root: a directory (or a URL such as s3://bucket/prefix)
 DEFAULT_KEEP = 20  # saved runs kept per baseline name
 DEFAULT_HISTORY = 10  # sessions of a baseline's history the gate learns session noise from
@@ -15,5 +17,11 @@ DEFAULT_TOLERANCE = 0.05  # relative change tolerated before a regression can fa
 DEFAULT_ALPHA = 0.05  # significance level of the regression test
 DEFAULT_SESSION_CV = 0.05  # session spread the gate assumes before anything measured it
 
-__all__ = ["DEFAULT_ALPHA", "DEFAULT_HISTORY", "DEFAULT_KEEP", "DEFAULT_SESSION_CV", "DEFAULT_STORE",
-           "DEFAULT_TOLERANCE"]
+# A trial whose local GPU throttled for heat or power: "invalid" (not gated) or "warn" (gated).
+ThrottlePolicy = Literal["invalid", "warn"]
+THROTTLE_POLICIES: tuple[ThrottlePolicy, ...] = get_args(ThrottlePolicy)
+PlotsSwitch = Literal["on", "off"]
+PLOTS_SWITCH: tuple[PlotsSwitch, ...] = get_args(PlotsSwitch)
+
+__all__ = ["PLOTS_SWITCH", "THROTTLE_POLICIES", "DEFAULT_ALPHA", "DEFAULT_HISTORY", "DEFAULT_KEEP", "DEFAULT_SESSION_CV", "DEFAULT_STORE",
+           "DEFAULT_TOLERANCE", "PlotsSwitch", "ThrottlePolicy"]

@@ -8,12 +8,20 @@ origin) can be merged and sorted without conversion.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, get_args
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
+    from pytest_llmperf.kinds import ApiName
     from pytest_llmperf.traffic.structured import ResponseFormatSpec, ToolSpec
+
+# Why a request failed: the HTTP status class, the connection (refused, timed out, dropped), a
+# malformed or non-streamed answer, the client itself, an answer that ignored the request's kind
+# (``wrong_answer``), or ``cancelled``: still in flight at the run's hard deadline.
+ErrorKind = Literal["http_4xx", "http_429", "http_5xx", "connect", "timeout", "disconnect", "malformed",
+                    "not_stream", "client", "wrong_answer", "cancelled"]
+ERROR_KINDS: tuple[ErrorKind, ...] = get_args(ErrorKind)
 
 PHASE_WARMUP = "warmup"
 PHASE_MEASURE = "measure"
@@ -58,7 +66,7 @@ class RequestRecord:
     # of embeddings or rerank results other than asked), or cancelled: still in flight at the
     # run's hard deadline. A cancelled request is not a server fault and is reported apart from
     # errors, but it still counts against goodput and attainment.
-    error_kind: str | None = None
+    error_kind: ErrorKind | None = None
     error_detail: str | None = None
     status_code: int | None = None
     # Server-side timestamps stamped into chunks (simulator only; used to measure client error).
@@ -159,7 +167,7 @@ class PreparedRequest:
     index: int
     prompt: str
     max_tokens: int
-    api: str = "chat"
+    api: ApiName = "chat"
     request_type: str = "default"
     phase: str = PHASE_MEASURE
     prompt_tokens_expected: int | None = None

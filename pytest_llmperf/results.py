@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Protocol, TypedDict
 
 import numpy as np
 
+from pytest_llmperf.defaults import THROTTLE_POLICIES, ThrottlePolicy
 from pytest_llmperf.errors import InputError
 from pytest_llmperf.metrics import Summary, summarize
 from pytest_llmperf.records import PHASE_MEASURE, RequestRecord
@@ -119,9 +120,6 @@ class RunResult:
         return float(np.mean(errs)) if errs else None
 
 
-THROTTLE_POLICIES = ("invalid", "warn")
-
-
 @dataclass(frozen=True)
 class PooledGpu:
     """Several trials' GPU telemetry as one (:func:`pooled_gpu`): what :func:`with_gpu` reads of a
@@ -133,7 +131,7 @@ class PooledGpu:
 
 
 def with_gpu(summary: Summary, gpu: GpuTelemetry | PooledGpu | None, output_tokens: int,
-             throttle: str = "invalid") -> Summary:
+             throttle: ThrottlePolicy = "invalid") -> Summary:
     """``summary`` with what GPU telemetry says about its run: energy per output token, and a run
     whose GPUs throttled for heat or power marked invalid (``throttle="invalid"``, its numbers say
     more about the cooling than the change under test) or warned about (``"warn"``).
@@ -199,7 +197,7 @@ def pooled_gpu(trials: list[TrialResult]) -> PooledGpu | None:
     )
 
 
-def pooled_summary(trials: list[TrialResult], slo: SLO | None, throttle: str = "invalid") -> Summary:
+def pooled_summary(trials: list[TrialResult], slo: SLO | None, throttle: ThrottlePolicy = "invalid") -> Summary:
     """One Summary over several trials: each trial's times are shifted so the trials sit end to end,
     which keeps throughput = tokens / (sum of windows) and Little's law meaningful. GPU telemetry is
     pooled too (energy per token over all trials; any trial's throttling counts for the run)."""
@@ -250,5 +248,5 @@ def with_invalid_reasons(summary: Summary, reasons: list[str]) -> Summary:
     return dataclasses.replace(summary, validity=validity)
 
 
-__all__ = ["THROTTLE_POLICIES", "PooledGpu", "RunResult", "TrialResult", "at_launch", "generated_tokens", "pooled_gpu", "pooled_summary",
+__all__ = ["PooledGpu", "RunResult", "TrialResult", "at_launch", "generated_tokens", "pooled_gpu", "pooled_summary",
            "merge_runs", "with_gpu", "with_invalid_reasons", "with_spec_counters"]

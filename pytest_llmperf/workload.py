@@ -14,12 +14,12 @@ import math
 from collections.abc import Mapping
 from dataclasses import InitVar, dataclass, field
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, Literal, TypedDict, get_args
 
 import numpy as np
 
 from pytest_llmperf.errors import InputError
-from pytest_llmperf.kinds import APIS, POOLING_APIS, streams
+from pytest_llmperf.kinds import APIS, POOLING_APIS, ApiName, streams
 from pytest_llmperf.traffic.adapters import AdapterSpec
 from pytest_llmperf.traffic.conversations import ConversationSpec
 from pytest_llmperf.traffic.datasets import DatasetSpec
@@ -29,8 +29,10 @@ from pytest_llmperf.traffic.structured import ResponseFormatSpec, ToolSpec
 from pytest_llmperf.traffic.traces import TraceSpec
 from pytest_llmperf.traffic.traces import scan as scan_trace
 
-ARRIVALS = ("poisson", "gamma", "constant")
-CACHE_STATES = ("cold", "warm")
+Arrival = Literal["poisson", "gamma", "constant"]
+CacheState = Literal["cold", "warm"]
+ARRIVALS: tuple[Arrival, ...] = get_args(Arrival)
+CACHE_STATES: tuple[CacheState, ...] = get_args(CacheState)
 LENGTH_DISTS = ("fixed", "uniform", "normal", "lognormal", "choice")
 
 
@@ -270,14 +272,14 @@ class _WorkloadDictBase(TypedDict):
     concurrency: int | None
     duration_s: float | None
     num_requests: int | None
-    arrival: str
+    arrival: Arrival
     burstiness: float
     warmup_s: float
     warmup_requests: int
-    cache: str
+    cache: CacheState
     prefix_tokens: int | None
     num_prefixes: int
-    api: str
+    api: ApiName
     ignore_eos: bool
     sampling: dict[str, object]
     seed: int
@@ -348,14 +350,14 @@ class Workload:
     concurrency: int | None = None
     duration_s: float | None = None
     num_requests: int | None = None
-    arrival: str = "poisson"
+    arrival: Arrival = "poisson"
     burstiness: float = 1.0
     warmup_s: float = 0.0
     warmup_requests: int = 0
-    cache: str = "cold"
+    cache: CacheState = "cold"
     prefix_tokens: int | None = None
     num_prefixes: int = 1
-    api: str = "chat"
+    api: ApiName = "chat"
     ignore_eos: bool = True
     sampling: Mapping[str, object] = field(default_factory=dict)
     seed: int = 0

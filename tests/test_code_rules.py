@@ -47,6 +47,34 @@ def test_no_module_cycle_even_through_annotations():
     assert back_edges == []
 
 
+SESSION_CLASSES = {
+    "pytest_llmperf/plugin/session.py": "LLMPerfSession",
+    "pytest_llmperf/plugin/mode_stored.py": "StoredBaselineSession",
+    "pytest_llmperf/plugin/mode_launches.py": "LaunchPassesSession",
+    "pytest_llmperf/plugin/mode_ab.py": "ABPairSession",
+}
+
+
+@pytest.mark.parametrize("path, name", sorted(SESSION_CLASSES.items()))
+def test_sessions_keep_their_fields_private(path, name):
+    """The session and the mode sessions hold no field another module writes: every field they
+    set is private (ruff's SLF001 keeps other modules off private fields), and what they hand out
+    is read through properties."""
+    import ast
+
+    tree = ast.parse((ROOT / path).read_text())
+    cls = next(node for node in ast.walk(tree) if isinstance(node, ast.ClassDef) and node.name == name)
+    public = sorted({
+        target.attr
+        for node in ast.walk(cls)
+        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign))
+        for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self"
+        and not target.attr.startswith("_")
+    })
+    assert public == []
+
+
 def test_ruff_is_clean():
     result = _run(_tool("ruff"), "check", "pytest_llmperf", "tests", "benchmarks", "example_suites", "scripts")
     assert result.returncode == 0, result.stdout[-4000:]

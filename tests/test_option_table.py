@@ -137,6 +137,8 @@ def _conforms(value: object, hint: object) -> bool:
         return any(_conforms(value, arg) for arg in typing.get_args(hint))
     if hint is type(None):
         return value is None
+    if origin is typing.Literal:
+        return value in typing.get_args(hint)
     if origin in (list, tuple):
         item = typing.get_args(hint)[0]
         return isinstance(value, origin) and all(_conforms(v, item) for v in value)

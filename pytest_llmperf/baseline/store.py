@@ -469,7 +469,7 @@ class BaselineStore:
         if run_id is None:
             entries = self.runs(name)
             if not entries:
-                raise self._missing(name)
+                raise self.missing(name)
             shutil.rmtree(directory)
             return len(entries)
         path = directory / f"{run_id}{SUFFIX}"
@@ -522,7 +522,7 @@ class BaselineStore:
         for _ in range(3):
             entries = self.runs(name)
             if not entries:
-                raise self._missing(name)
+                raise self.missing(name)
             try:
                 return self.load(entries[0].path)
             except FileNotFoundError:
@@ -547,7 +547,7 @@ class BaselineStore:
         """Read a saved run, or any result file (gzip or plain JSON) the user points at."""
         return load_run(str(path) if isinstance(path, ObjectPath) else path)
 
-    def _missing(self, name: str) -> BaselineMissing:
+    def missing(self, name: str) -> BaselineMissing:
         return BaselineMissing(f"no baseline named {name!r} in {self.baselines_dir}",
                                remedy=f"create one by running with {{flag}} {name}", option="save")
 
@@ -723,7 +723,7 @@ class ObjectBaselineStore(BaselineStore):
         entries = self.runs(name)
         if run_id is None:
             if not entries:
-                raise self._missing(name)
+                raise self.missing(name)
             for entry in entries:
                 self._remove(entry.path)
             for _, mark in self._mark_paths(name):  # the name is gone, as a local rmtree does

@@ -81,7 +81,7 @@ def baselines_main(argv: list[str]) -> int:
         else:
             count = len(store.runs(args.name)) if args.run is None else 1
             if args.run is None and count == 0:
-                raise store._missing(args.name)
+                raise store.missing(args.name)
             what = f"run {args.run} of {args.name!r}" if args.run else f"all {count} run(s) of {args.name!r}"
             if not args.yes:
                 if not sys.stdin.isatty():

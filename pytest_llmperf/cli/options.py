@@ -25,6 +25,10 @@ from pytest_llmperf.defaults import (
     DEFAULT_SESSION_CV,
     DEFAULT_STORE,
     DEFAULT_TOLERANCE,
+    PLOTS_SWITCH,
+    THROTTLE_POLICIES,
+    PlotsSwitch,
+    ThrottlePolicy,
 )
 from pytest_llmperf.errors import InputError, LLMPerfError
 
@@ -187,14 +191,14 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("ray-address", "send the load from a Ray cluster: auto, ray://HOST:10001 or HOST:6379 (needs pytest-llmperf[ray])"),
     OptionSpec("ray-workers", "Ray load workers (actors, spread over the nodes); default: one per node", None, _positive_int),
     OptionSpec("throttle", "a trial whose local GPU throttled for heat or power: invalid (not gated, the default) "
-               "or warn (gated, with a warning)", "invalid", choices=("invalid", "warn")),
+               "or warn (gated, with a warning)", "invalid", choices=THROTTLE_POLICIES),
     OptionSpec("timeslice", "seconds per timeslice of the per-interval series in the reports (default 5)", 5.0, _positive_float),
     OptionSpec("revision", "what this session measures, when it is not the suite's own git checkout (an engine "
                "built from another repository): a commit or version, or key=value pairs commit=,branch=,time=,repo=,"
                "run=,pr= (comma-separated); saved with the run and shown in the reports (default: read from git "
                "and the CI's environment)"),
     OptionSpec("plots", "draw the report's plots (PNG and SVG; needs pytest-llmperf[plots]): on (the default), or off "
-               "for a job that does not keep them (each session saves a second or more)", "on", choices=("on", "off")),
+               "for a job that does not keep them (each session saves a second or more)", "on", choices=PLOTS_SWITCH),
 )
 
 
@@ -236,10 +240,10 @@ class LLMPerfOptions:
     workers: int
     ray_address: str | None
     ray_workers: int | None
-    throttle: str
+    throttle: ThrottlePolicy
     timeslice: float
     revision: str | None
-    plots: str
+    plots: PlotsSwitch
 
     @property
     def ab(self) -> bool:

@@ -82,7 +82,7 @@ class TraceTraffic:
         parts = [" ".join(words)] if words else []
         left = total - len(words)
         if left > 0:
-            parts.append(self.factory._salt(index))
+            parts.append(self.factory.salt(index))
             rng = np.random.default_rng([self.workload.seed, index, 31])
             if left > SALT_WORDS:
                 parts.append(" ".join(self._vocab[rng.integers(0, len(self._vocab), size=left - SALT_WORDS)]))

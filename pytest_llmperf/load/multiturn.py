@@ -66,7 +66,7 @@ class ConversationLoad:
             output_tokens = int(w.output_tokens.sample(rng, 1)[0])
             if turn == 0:
                 words = model.words_for(input_tokens)
-                text = self.factory._salt(sid) + " " + self._words(rng, words - SALT_WORDS)
+                text = self.factory.salt(sid) + " " + self._words(rng, words - SALT_WORDS)
                 expected: int | None = input_tokens
             elif history and history[-1].get("role") == "tool":
                 text = ""  # the agentic loop: the model continues from the tool results, no user turn

@@ -227,7 +227,7 @@ class PromptFactory:
             trng = np.random.default_rng([workload.seed, 13, self.nonce & 0xFFFFFFFF])
             self._target_words = list(self._vocab[trng.integers(0, len(self._vocab), size=int(longest / model.slope) + 64)])
 
-    def _salt(self, index: int) -> str:
+    def salt(self, index: int) -> str:
         # Unique digits of (nonce, index) in base len(vocab): distinct requests never share a salt.
         value = (self.nonce << 24) ^ index
         base = len(self._vocab)
@@ -299,10 +299,10 @@ class PromptFactory:
             if shared:
                 parts.append(" ".join(self._target_words[:shared]))
                 used += shared
-            parts.append(self._salt(index))
+            parts.append(self.salt(index))
             used += SALT_WORDS
         elif self.workload.cache == "cold":
-            parts.append(self._salt(index))
+            parts.append(self.salt(index))
             used += SALT_WORDS
         elif self._prefixes:
             parts.append(self._prefixes[int(rng.integers(0, len(self._prefixes)))])
@@ -347,7 +347,7 @@ class PromptFactory:
         input, so no two inputs of a batch share a cached prefix either)."""
         words = self.model.words_for(tokens)
         if self.workload.cache == "cold":
-            salt = self._salt((index << 12) ^ k)
+            salt = self.salt((index << 12) ^ k)
             return f"{salt} {self._words(rng, max(1, words - SALT_WORDS))}"
         return self._words(rng, words)
 

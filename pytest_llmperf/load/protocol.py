@@ -60,7 +60,7 @@ from pytest_llmperf.load.sse import SSEEvent, SSEParser, SSEProtocolError, excer
 from pytest_llmperf.traffic.images import interleave
 
 if TYPE_CHECKING:
-    from pytest_llmperf.records import PreparedRequest, RequestRecord
+    from pytest_llmperf.records import ErrorKind, PreparedRequest, RequestRecord
 
 _DONE = "[DONE]"
 _DETAIL_CHARS = 300
@@ -81,7 +81,7 @@ class StreamFailure(LLMPerfError):
     """A request failure found while sending or reading; :meth:`ResponseReader.fail` turns it
     into the record's ``error_kind`` / ``error_detail`` / ``status_code``. Never leaves the client."""
 
-    def __init__(self, kind: str, detail: str, status_code: int | None = None) -> None:
+    def __init__(self, kind: ErrorKind, detail: str, status_code: int | None = None) -> None:
         super().__init__(detail)
         self.kind = kind
         self.detail = detail
@@ -550,7 +550,7 @@ class ResponseReader:
         status = _as_status(code)
         if status is None:
             status = _as_status(obj.get("status_code"))
-        kind = "http_429" if status == 429 else "http_4xx" if status and status < 500 else "http_5xx"
+        kind: ErrorKind = "http_429" if status == 429 else "http_4xx" if status and status < 500 else "http_5xx"
         text = message if isinstance(message, str) else json.dumps(obj)
         return StreamFailure(kind, f"error event in stream: {self._line_excerpt(text)}", status)
 
@@ -603,7 +603,7 @@ def error_message(text: str) -> str:
     return text.strip()
 
 
-def _status_kind(status: int) -> str:
+def _status_kind(status: int) -> ErrorKind:
     return "http_429" if status == 429 else "http_5xx" if status >= 500 else "http_4xx"
 
 

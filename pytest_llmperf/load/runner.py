@@ -64,6 +64,7 @@ from pytest_llmperf.traffic.traces import scan as scan_trace
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from pytest_llmperf.kinds import ApiName
     from pytest_llmperf.load.loadgen import LoadOutcome
     from pytest_llmperf.objectives import SLO
     from pytest_llmperf.telemetry.gpu import GpuTelemetry
@@ -246,7 +247,7 @@ class Runner:
         except LLMPerfError as exc:
             raise RunError(str(exc)) from None
 
-    async def _token_model(self, api: str, model: str, timeout_s: float | None = None) -> TokenModel:
+    async def _token_model(self, api: ApiName, model: str, timeout_s: float | None = None) -> TokenModel:
         cached = self._token_models.get(self.base_url, model, api)
         if cached is not None:
             return cached
@@ -274,7 +275,7 @@ class Runner:
         except httpx.HTTPError:
             self.cache_resets_failed += 1
 
-    async def _probe_usage(self, client: StreamingClient, api: str) -> TokenModel:
+    async def _probe_usage(self, client: StreamingClient, api: ApiName) -> TokenModel:
         """No /tokenize: fit the word->token line from two tiny requests' usage.prompt_tokens
         (rerank: the server formats each query-document pair its own way, so the estimate)."""
         fallback = estimated_model(api)

@@ -14,13 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from pytest_llmperf.defaults import THROTTLE_POLICIES
 from pytest_llmperf.errors import InputError
-from pytest_llmperf.results import THROTTLE_POLICIES
 from pytest_llmperf.timeslices import DEFAULT_TIMESLICE_S, check_timeslice_s
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
 
+    from pytest_llmperf.defaults import ThrottlePolicy
     from pytest_llmperf.load.loadgen import OverloadGuard, Progress
 
 # Seconds between two progress callbacks (and between two progress messages of a worker process).
@@ -78,7 +79,7 @@ class RunnerConfig:
     # NVML or a GPU the trial's ``gpu`` says why and nothing else changes.
     gpu_telemetry: bool = False
     # A trial whose GPU throttled for heat or power: "invalid" (not gated) or "warn".
-    throttle: str = "invalid"
+    throttle: ThrottlePolicy = "invalid"
     gpu_interval_s: float = DEFAULT_GPU_INTERVAL_S
     # Length of the intervals each trial's window is cut into (TrialResult.timeslices).
     timeslice_s: float = DEFAULT_TIMESLICE_S

@@ -343,7 +343,7 @@ class _Job:
 
 def _worker_main(pipe: Any, start: Any, job: _Job, make: Callable[[int, str], PreparedRequest]) -> None:
     # A forked child inherits the parent's "running loop" marker; it must start its own loop.
-    asyncio.events._set_running_loop(None)
+    asyncio.events._set_running_loop(None)  # noqa: SLF001 - asyncio has no public way to clear it
     try:
         pipe.send(("ready",))
         try:

@@ -28,7 +28,7 @@ from pytest_llmperf.plugin.hooks import (
     pytest_testnodedown,
     pytest_unconfigure,
 )
-from pytest_llmperf.plugin.state import OPTIONS_KEY, SLO_MARKER_HELP
+from pytest_llmperf.plugin.state import API_KEY_KEY, OPTIONS_KEY, SLO_MARKER_HELP
 
 if TYPE_CHECKING:
     from collections.abc import Generator
@@ -61,7 +61,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", SLO_MARKER_HELP)
     try:
         options = resolve(config.getoption, config.getini)
-        api_key_from_env(options.api_key_env, "--llmperf-api-key-env")  # fail before collecting
+        api_key = api_key_from_env(options.api_key_env, "--llmperf-api-key-env")  # fail before collecting
     except OptionError as exc:
         raise pytest.UsageError(str(exc)) from None
     _check_ray(options.ray_address, options.ray_workers)
@@ -69,6 +69,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if refused:
         raise pytest.UsageError(refused)
     config.stash[OPTIONS_KEY] = options
+    config.stash[API_KEY_KEY] = api_key
     distributed.configure(config)
 
 

@@ -131,9 +131,9 @@ def _rename(item: pytest.Item, nodeid: str) -> bool:
     try:
         from _pytest.nodeid import coerce_node_id  # pytest >= 9.2
     except ImportError:
-        item._nodeid = nodeid  # type: ignore[attr-defined]
+        item._nodeid = nodeid  # type: ignore[attr-defined]  # noqa: SLF001 - what xdist itself sets
     else:
-        item._id = coerce_node_id(nodeid)
+        item._id = coerce_node_id(nodeid)  # noqa: SLF001 - what xdist itself sets
     return item.nodeid == nodeid
 
 

@@ -66,10 +66,11 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
         return
     ini_moved = inipath != early_config.inipath
     old_pythonpath = [str(p) for p in early_config.getini("pythonpath")]
-    early_config._rootpath = rootpath
-    early_config._inipath = inipath
+    # pytest has no public setter for these: its own parse would set them, too early for our options.
+    early_config._rootpath = rootpath  # noqa: SLF001
+    early_config._inipath = inipath  # noqa: SLF001
     setattr(early_config, "_inicfg" if hasattr(early_config, "_inicfg") else "inicfg", inicfg)
-    early_config._inicache.clear()
+    early_config._inicache.clear()  # noqa: SLF001
     parser.extra_info["rootdir"] = str(rootpath)
     parser.extra_info["inifile"] = str(inipath)
     if ini_moved:
@@ -133,7 +134,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     if distributed.is_worker(session.config):
         # An xdist worker reports nothing and saves nothing: the controller does, for all workers.
-        if perf.entries or perf.outcomes:
+        if perf.has_payload():
             from pytest_llmperf.plugin.summary import summary_lines
 
             payload = perf.worker_payload(summary_lines(perf))
@@ -166,7 +167,7 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
     perf = existing_session(session.config)
     config = session.config
     collection_failed = session.testsfailed and not config.option.continue_on_collection_errors
-    if (perf is None or perf.plan.passes == 1 or config.option.collectonly or collection_failed
+    if (perf is None or perf.mode.plan.passes == 1 or config.option.collectonly or collection_failed
             or distributed.is_worker(config) or config.pluginmanager.has_plugin("dsession")):
         return None
     from pytest_llmperf.plugin.passes import run_passes
@@ -184,13 +185,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> 
     if session is not None and item.stash.get(PERF_KEY, None) is not None:
         if report.when == "call" or (report.failed and report.when == "setup"):
             outcome = "error" if report.when == "setup" else report.outcome
-            session.outcomes[nodeid_of(item)] = outcome
+            session.set_outcome(nodeid_of(item), outcome)
         elif report.failed and report.when == "teardown":
-            session.outcomes[nodeid_of(item)] = "error"
-    if session is not None and session.ab_failure is not None and report.failed:
+            session.set_outcome(nodeid_of(item), "error")
+    stopped = session.stopped if session is not None else None
+    if stopped is not None and report.failed:
         # A/B mode with a side down: nothing more can be compared, so nothing more is run.
-        item.session.shouldstop = (f"llmperf: the {session.ab_failed_side} server failed: "
-                                   "A/B session stopped, no verdict")
+        item.session.shouldstop = f"llmperf: the {stopped.side} server failed: A/B session stopped, no verdict"
     return report
 
 
@@ -224,8 +225,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     session = existing_session(config)
-    if session is not None and (session.results or session.capacities or session.remote_summaries
-                                or session.ab_failure is not None):
+    if session is not None and session.has_measured():
         from pytest_llmperf.plugin.summary import write_summary
 
         write_summary(terminalreporter, session)

@@ -1,5 +1,6 @@
 """How a session's launches are laid out in passes over the suite (``--llmperf-launches L``, A/B
-blocks): the session holds one, :mod:`pytest_llmperf.plugin.passes` runs the passes it lays out."""
+blocks): the mode session holds one (:mod:`pytest_llmperf.plugin.modes`), :mod:`pytest_llmperf.plugin.passes`
+runs the passes it lays out."""
 
 from __future__ import annotations
 

@@ -46,7 +46,7 @@ def run_passes(session: pytest.Session, perf: LLMPerfSession) -> bool:
     """``pytest_runtestloop`` for a session of several passes (module docstring)."""
     from _pytest.runner import runtestprotocol
 
-    plan = perf.plan
+    plan = perf.mode.plan
     quiet = [item for item in session.items if measures(item)]
     reported: set[str] = set()
     for p in range(plan.passes - 1 if quiet else 0):
@@ -57,11 +57,11 @@ def run_passes(session: pytest.Session, perf: LLMPerfSession) -> bool:
             # the server (llm_server) must not outlive the launch it points to.
             nextitem = quiet[i + 1] if i + 1 < len(quiet) else None
             reports = runtestprotocol(item, log=False, nextitem=nextitem)
-            if perf.ab_failure is not None:
+            if perf.stopped is not None:
                 # A side failed: the session stops here, on this test (pytest's loop would too).
                 _log(item, reports)
-                raise session.Interrupted(session.shouldstop or perf.ab_failure)
-            if perf.server_failed and not gave_up and any(r.failed for r in reports):
+                raise session.Interrupted(session.shouldstop or perf.stopped.message)
+            if perf.mode.server_failed and not gave_up and any(r.failed for r in reports):
                 _log(item, reports)  # once, with the launch's command and log tail
                 reported.add(item.nodeid)
                 gave_up = True

@@ -2,8 +2,9 @@
 
 With several launch passes (``--llmperf-launches``, A/B mode; see :mod:`pytest_llmperf.plugin.passes`)
 a test body runs once per pass: in earlier passes ``run()`` measures that launch's share of the
-trials, keeps it in the session and returns it unjudged; in the last pass it measures its own
-share, adds the earlier ones (same run key, launch order) and checks and judges the whole.
+trials, which the session's mode keeps, and returns it unjudged; in the last pass the mode adds
+the earlier ones (same run key, launch order) to its own share, and ``run()`` checks and judges
+the whole (see :mod:`pytest_llmperf.plugin.modes`).
 """
 
 from __future__ import annotations
@@ -12,30 +13,27 @@ import dataclasses
 import functools
 import os
 import time
-import warnings
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
 from pytest_llmperf.baseline.schema import capacity_entry, fingerprint_for, run_entry
-from pytest_llmperf.errors import LLMPerfError, LLMPerfWarning
+from pytest_llmperf.errors import LLMPerfError
 from pytest_llmperf.load.runner import Runner
 from pytest_llmperf.load.runner_config import RunnerConfig
 from pytest_llmperf.objectives import SLO, SLOError, check, check_applies
+from pytest_llmperf.plugin.modes import RunRequest
 from pytest_llmperf.plugin.progress import ProgressPrinter
 from pytest_llmperf.plugin.state import nodeid_of
-from pytest_llmperf.results import at_launch, merge_runs
 from pytest_llmperf.servers.manager import answers
-from pytest_llmperf.servers.pair import CANDIDATE, REFERENCE
 from pytest_llmperf.stats import DEFAULT_TRIALS, ReasonKind
 from pytest_llmperf.workload import NotAWorkload, Workload
 
-# Trials run before the gate's tentative look (see LLMPerf._adaptive).
-ADAPTIVE_FIRST = 3
-
 if TYPE_CHECKING:
     from pytest_llmperf.baseline.compare import RunComparison
+    from pytest_llmperf.baseline.schema import SavedEntry
     from pytest_llmperf.capacity import CapacityResult
+    from pytest_llmperf.fingerprint import Fingerprint
     from pytest_llmperf.plugin.session import LLMPerfSession
     from pytest_llmperf.results import RunResult
     from pytest_llmperf.servers.manager import ServerInfo
@@ -80,45 +78,33 @@ class LLMPerf:
             raise NotAWorkload(f"llmperf.run expects a Workload, got {type(workload).__name__}")
         session = self._session
         opts = session.options
-        pair = session.pair
+        mode = session.mode
         workload = workload.scaled(opts.duration_scale)
         refused = _inapplicable(self.slos, workload.api)  # before any load: a key the kind has no metric for
         if refused is not None:
             pytest.fail(f"llmperf: {refused}", pytrace=False)
         # A gate needs replicates: default to the calibrated trial count when saving or comparing
         # (see stats.DEFAULT_TRIALS and benchmarks/gate_calibration.py), one trial otherwise.
-        gating_default = DEFAULT_TRIALS if (opts.save or opts.baseline or pair is not None) else 1
+        gating = bool(opts.save or opts.baseline or mode.reference_in_session)
         asked = trials or _marker_trials(self.slos) or workload.trials or opts.trials
-        n_trials = asked or gating_default
         key = f"{nodeid_of(self._item)}#{len(self.results)}"
-        # Adaptive trials against a baseline with session history (see _adaptive); with several
-        # launches every launch measures its fixed share instead.
-        adaptive = (asked is None and session.plan.launches == 1 and session.gate is not None
-                    and key in session.gate.baseline)
+        gate = session.gate
+        # Adaptive trials against a stored baseline that has the run (plugin.mode_stored).
+        adaptive = asked is None and gate is not None and not mode.reference_in_session and key in gate.baseline
         printer = self._printer(self._item.name)
-        reference: RunResult | None = None
+        request = RunRequest(workload=workload, slo=self.slo, key=key, trials=asked or (DEFAULT_TRIALS if gating else 1),
+                             asked=asked, test_name=self._item.name, runner=self._runner, printer=printer,
+                             stop_early=functools.partial(self._stop_early, key) if adaptive else None)
         try:
-            if pair is not None:
-                measured = self._ab_pass(workload, key, printer)
-                if not session.last_pass:
-                    self.results.append(measured)  # unjudged; the next run() of the test gets the next key
-                    return measured
-                result, reference = self._ab_combine(key, measured, asked)
-                server = self.server_for(CANDIDATE)
-            elif session.plan.passes > 1:
-                server = self.server
-                result = self._launch_pass(self._runner(server, printer), workload, key, n_trials)
-                if not session.last_pass:
-                    self.results.append(result)
-                    return result
-            else:
-                server = self.server
-                if adaptive:
-                    result = self._adaptive(self._runner(server, printer), workload, key, server)
-                else:
-                    result = self._runner(server, printer).run(workload, slo=self.slo, trials=n_trials)
+            measured = mode.measure(request)
         finally:
             printer.done()
+        self.notes.extend(measured.notes)
+        self._item.user_properties.extend(measured.properties)
+        result = measured.result
+        if not measured.final:
+            self.results.append(result)  # unjudged; the next run() of the test gets the next key
+            return result
         checks = []
         types = [t.name for t in workload.mix]
         for slo in self.slos:
@@ -133,22 +119,30 @@ class LLMPerf:
             self.notes.append(cache.message)
             self.cache_failures.append(f"cache state did not hold in {result.label}: {cache.message}")
         self.results.append(result)
-        self._session.results.append((nodeid_of(self._item), result))
+        reference = measured.reference
+        session.add_run(nodeid_of(self._item), key, result, reference)
         self._record_properties(result)
-        self._session.slo_checks[key] = list(result.slo_checks)
-        fingerprint = fingerprint_for(result.workload, result.model, result.slo, server,
-                                      extra=self._session.fingerprint_extra(server), gpu=self._session.gpu_info())
         reference_entry = None
-        if reference is not None:
+        if reference is not None and measured.reference_server is not None:
             self.references.append(reference)
-            self._session.reference_results.append((nodeid_of(self._item), reference))
-            ref_server = self.server_for(REFERENCE)
-            ref_fingerprint = fingerprint_for(reference.workload, reference.model, reference.slo, ref_server,
-                                              extra=self._session.fingerprint_extra(ref_server),
-                                              gpu=self._session.gpu_info())
-            reference_entry = run_entry(reference, ref_fingerprint, self.slos)
-        self._judge(key, run_entry(result, fingerprint, self.slos), reference_entry)
+            reference_entry = run_entry(reference, self._fingerprint(reference, measured.reference_server), self.slos)
+        self._judge(key, run_entry(result, self._fingerprint(result, measured.server), self.slos), reference_entry)
         return result
+
+    def _fingerprint(self, result: RunResult, server: ServerInfo) -> Fingerprint:
+        return fingerprint_for(result.workload, result.model, result.slo, server,
+                               extra=self._session.fingerprint_extra(server), gpu=self._session.gpu_info())
+
+    def _stop_early(self, key: str, first: RunResult, server: ServerInfo) -> bool:
+        """Adaptive trials: whether the gate's tentative look at the first trials already accepts
+        (see :mod:`pytest_llmperf.plugin.mode_stored`)."""
+        gate = self._session.gate
+        assert gate is not None
+        try:
+            tentative = gate.preview(key, run_entry(first, self._fingerprint(first, server), self.slos))
+        except LLMPerfError:
+            tentative = None
+        return gate.stop_early(tentative)
 
     def _runner(self, server: ServerInfo, printer: ProgressPrinter) -> Runner:
         return Runner(server.base_url, self._runner_config(server, printer), token_models=self._session.token_models)
@@ -176,92 +170,6 @@ class LLMPerf:
             timeslice_s=opts.timeslice,
         )
 
-    def server_for(self, side: str) -> ServerInfo:
-        """A/B mode: the side's last server (for fingerprints; it may be stopped by now)."""
-        pair = self._session.pair
-        assert pair is not None
-        info = pair.info(side)
-        assert info is not None, f"the {side} server was never started"
-        return info
-
-    def _launch_pass(self, runner: Runner, workload: Workload, key: str, n_trials: int) -> RunResult:
-        """Several launches: this pass's launch measures ceil(n / L) trials; in the last pass they
-        join the earlier launches' trials of the same run key, in launch order. The last launch
-        makes up trials an earlier pass did not measure (its run of the test failed before this
-        run), so a run keeps at least the trials asked for."""
-        session = self._session
-        plan = session.plan
-        earlier = session.earlier_runs.setdefault(key, [])
-        count = plan.per_launch(n_trials)
-        if session.last_pass:
-            count = max(count, n_trials - sum(len(r.trials) for r in earlier))
-        run = at_launch(runner.run(workload, slo=self.slo, trials=count), session.launch)
-        if not session.last_pass:
-            earlier.append(run)
-            return run
-        return functools.reduce(merge_runs, [*earlier, run])
-
-    def _ab_pass(self, workload: Workload, key: str, printer: ProgressPrinter) -> RunResult:
-        """A/B mode: this pass's side measures the run's one trial of this block, on the side's
-        launch for the block (servers.pair); a side that died stops the session."""
-        session = self._session
-        side, block = session.pass_side, session.launch
-        assert side is not None
-        server = session.ab_server(side)
-        printer.label = f"{self._item.name} [{side}, block {block + 1}/{session.plan.launches}]"
-        run = at_launch(self._runner(server, printer).run(workload, slo=self.slo, trials=1), block)
-        session.ab_check(side, sum(1 for r in run.records if r.error_kind == "connect"))
-        session.earlier_blocks.setdefault((key, side), {})[block] = run
-        return run
-
-    def _ab_combine(self, key: str, last: RunResult, asked: int | None) -> tuple[RunResult, RunResult | None]:
-        """The last pass: each side's trials in block order, over the blocks both sides measured
-        (trial ``i`` of each side is the ``i``-th such block, which the paired comparison pairs).
-        No block measured by both (the test failed in every other pass): no reference, no verdict."""
-        session = self._session
-        blocks = session.plan.launches
-        if asked is not None and asked != blocks:
-            warnings.warn(LLMPerfWarning(
-                f"{key}: {asked} trials asked, but A/B blocks are suite-wide: every run is measured once per side "
-                f"in each of the session's {blocks} blocks (set their number with --llmperf-launches)"), stacklevel=3)
-        candidate = session.earlier_blocks.get((key, CANDIDATE), {})
-        reference = session.earlier_blocks.get((key, REFERENCE), {})
-        both = sorted(set(candidate) & set(reference))
-        if len(both) < blocks:
-            self.notes.append(f"{key}: measured by both sides in {len(both)} of {blocks} A/B blocks (its test failed "
-                              "in the others' passes); judged on those")
-        if not both:
-            return (functools.reduce(merge_runs, candidate.values()) if candidate else last), None
-        result, ref = (functools.reduce(merge_runs, [runs[b] for b in both]) for runs in (candidate, reference))
-        return result, ref
-
-    def _adaptive(self, runner: Runner, workload: Workload, key: str, server: ServerInfo) -> RunResult:
-        """Least GPU time: run :data:`ADAPTIVE_FIRST` trials and ask the gate for a tentative
-        verdict; when every statistic already reads UNCHANGED or IMPROVED (or cannot be judged),
-        stop; otherwise run confirmation trials up to :data:`~pytest_llmperf.stats.DEFAULT_TRIALS`
-        and let the gate decide on all of them.
-
-        The error rates hold without any correction: the only early stop is one that *accepts*,
-        and a regression is only ever declared on the final look, by the same test as without
-        adaptivity, so P(REGRESSED | no change) can only fall (a stop-to-accept rule removes
-        rejection paths, it never adds any). Power at the final look is that of the full trials.
-        """
-        first = runner.run(workload, slo=self.slo, trials=ADAPTIVE_FIRST)
-        gate = self._session.gate
-        assert gate is not None
-        fingerprint = fingerprint_for(first.workload, first.model, first.slo, server,
-                                      extra=self._session.fingerprint_extra(server), gpu=self._session.gpu_info())
-        try:
-            tentative = gate.preview(key, run_entry(first, fingerprint, self.slos))
-        except LLMPerfError:
-            tentative = None
-        if gate.stop_early(tentative):
-            self._item.user_properties.append(("llmperf.adaptive", f"stopped after {ADAPTIVE_FIRST} trials"))
-            return first
-        more = runner.run(workload, slo=self.slo, trials=DEFAULT_TRIALS - ADAPTIVE_FIRST)
-        self._item.user_properties.append(("llmperf.adaptive", f"confirmed with {DEFAULT_TRIALS} trials"))
-        return merge_runs(first, more)
-
     def capacity(self, workload: Workload, *, slo_attainment: float | None = None, start_rps: float | None = None,
                  step_s: float | None = None, warmup_s: float | None = None, growth: float = 2.0,
                  precision: float = 0.05, max_steps: int = 12, min_rps: float | None = None,
@@ -272,81 +180,60 @@ class LLMPerf:
         ``warmup_s`` (default: the workload's, else a quarter step), both scaled by
         ``--llmperf-duration-scale``. ``slo_attainment`` defaults to the SLO's
         ``attainment_min``, else 0.95. Returns a CapacityResult, also kept in ``capacities``.
+        A search has no replicates: it runs on the last launch (A/B mode: each side's last).
         """
         from pytest_llmperf.capacity import SearchPlan, default_attainment, search
         from pytest_llmperf.load.loadgen import OverloadGuard
 
         if not isinstance(workload, Workload):
             raise NotAWorkload(f"llmperf.capacity expects a Workload, got {type(workload).__name__}")
-        opts = self._session.options
-        server = self.server
+        session = self._session
+        opts = session.options
         step = (step_s if step_s is not None else workload.duration_s or 20.0) * opts.duration_scale
         warm = (warmup_s if warmup_s is not None else workload.warmup_s or step / 4) * opts.duration_scale
         plan = SearchPlan(start_rps=start_rps or workload.rate_rps or 1.0,
                           slo_attainment=default_attainment(self.slo, slo_attainment), step_s=step,
                           warmup_s=warm, growth=growth, precision=precision, max_steps=max_steps,
                           min_rps=min_rps, max_rps=max_rps)
-        printer = self._printer(f"{self._item.name} capacity")
-
-        def search_on(server: ServerInfo) -> CapacityResult:
-            # A step that fell behind is the search's answer, not a run to repeat.
-            config = dataclasses.replace(self._runner_config(server, printer), rerun_invalid=False,
-                                         overload=OverloadGuard())
-            runner = Runner(server.base_url, config, token_models=self._session.token_models)
-            return search(workload, lambda w: runner.run(w, slo=self.slo), plan)
-
-        session = self._session
-        side = session.pass_side
-        # No replicates to spread over launches: the search runs on the last launch (A/B mode: on
-        # each side's last launch, the session's last two passes); earlier passes end the test here.
-        searched = session.last_pass or (side is not None and session.pass_index == session.plan.passes - 2)
-        if not searched:
+        turn = session.mode.capacity_turn(self._item.name)
+        if turn is None:
             pytest.skip("llmperf: capacity searches run on the last launch only")
+        printer = self._printer(turn.label)
         n = len(self.capacities) + 1
         key = f"{nodeid_of(self._item)}#capacity{n - 1}"
         try:
-            if side is not None:
-                printer.label = f"{self._item.name} capacity [{side}]"
-                server = session.ab_server(side)
-            result = search_on(server)
+            # A step that fell behind is the search's answer, not a run to repeat.
+            config = dataclasses.replace(self._runner_config(turn.server, printer), rerun_invalid=False,
+                                         overload=OverloadGuard())
+            runner = Runner(turn.server.base_url, config, token_models=session.token_models)
+            result = search(workload, lambda w: runner.run(w, slo=self.slo), plan)
         finally:
             printer.done()
-        if side is not None:
-            # Steps keep no records: any unfinished request makes the check probe the server.
-            session.ab_check(side, sum(step.requests - step.completed for step in result.steps))
-        if side is not None and not session.last_pass:
-            session.earlier_capacity[key] = (side, result)
+        measured = session.mode.capacity_measured(key, result)
+        if not measured.final:
             self.capacities.append(result)
             return result
-        candidate: CapacityResult | None = result
-        reference: CapacityResult | None = None
-        if side is not None:
-            searches = {side: result}
-            if key in session.earlier_capacity:
-                other, other_result = session.earlier_capacity[key]
-                searches[other] = other_result
-            candidate, reference = searches.get(CANDIDATE), searches.get(REFERENCE)
-        if candidate is None:  # A/B: the candidate's pass failed before its search; nothing to judge
+        candidate = measured.candidate
+        if candidate is None or measured.server is None:  # A/B: the candidate's pass failed before its search
             self.notes.append(f"{key}: the candidate's capacity search did not run (its test failed in that pass)")
             self.capacities.append(result)
             return result
         self.capacities.append(candidate)
-        session.capacities.append((nodeid_of(self._item), candidate))
+        session.add_capacity(nodeid_of(self._item), candidate)
         prefix = "llmperf.capacity" if n == 1 else f"llmperf.capacity{n}"
         self._item.user_properties.append((f"{prefix}_rps", candidate.capacity_rps))
         reference_entry = None
-        if reference is not None:
-            reference_entry = self._capacity_entry(workload, reference, self.server_for(REFERENCE))
-        cand_server = self.server_for(CANDIDATE) if side is not None else server
-        self._judge(key, self._capacity_entry(workload, candidate, cand_server), reference_entry)
+        if measured.reference is not None and measured.reference_server is not None:
+            reference_entry = self._capacity_entry(workload, measured.reference, measured.reference_server)
+        self._judge(key, self._capacity_entry(workload, candidate, measured.server), reference_entry)
         return candidate
 
-    def _capacity_entry(self, workload: Workload, result: CapacityResult, server: ServerInfo) -> Any:
+    def _capacity_entry(self, workload: Workload, result: CapacityResult, server: ServerInfo) -> SavedEntry:
         fingerprint = fingerprint_for(workload, server.model, self.slo, server,
                                       extra=self._session.fingerprint_extra(server), gpu=self._session.gpu_info())
         return capacity_entry(result, fingerprint, f"capacity {workload.label()}", slo=self.slo)
 
-    def _judge(self, key: str, entry: Any, reference: Any = None) -> None:
+    def _judge(self, key: str, entry: SavedEntry, reference: SavedEntry | None = None) -> None:
         comparison, message = self._session.record(key, entry, reference)
         if comparison is not None:
             self.comparisons.append(comparison)
@@ -423,9 +310,7 @@ class LLMPerf:
         return lines
 
     def _against(self) -> str:
-        if self._session.pair is not None:
-            return self._session.reference_label()
-        return f"baseline {self._session.options.baseline!r}"
+        return self._session.against()
 
     def _server_death(self) -> str | None:
         """A line saying the launched server died (or stopped answering), with its log tail.
@@ -433,9 +318,9 @@ class LLMPerf:
         An engine whose worker crashed goes on for a moment (vLLM's API server answers 503 for a
         second or two, then exits), so when requests failed to connect the server gets a few
         seconds to finish dying before it is declared alive."""
-        info = self._session.servers.info
-        if info is None or info.process is None or self._session.pair is not None:
-            return None  # A/B mode: the pair stops servers on purpose and checks each side itself
+        info = self._session.mode.watched_server()
+        if info is None or info.process is None:
+            return None
         process = info.process
         refused = any(r.error_kind == "connect" for result in self.results for r in result.records)
         if refused and process.alive():

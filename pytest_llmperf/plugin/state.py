@@ -25,6 +25,7 @@ PERF_FIXTURES = ("llmperf", "llm_server")
 
 OPTIONS_KEY = pytest.StashKey[LLMPerfOptions]()
 SLO_KEY = pytest.StashKey["list[SLO]"]()
+API_KEY_KEY = pytest.StashKey["str | None"]()  # --llmperf-api-key-env's key, read once at configure
 NODEID_KEY = pytest.StashKey[str]()  # the node id before pytest-xdist's loadgroup suffix ("@llmperf")
 
 

@@ -11,7 +11,8 @@ from pytest_llmperf.plugin.perf import failed_requests
 from pytest_llmperf.report.terminal import verdict_lines
 
 if TYPE_CHECKING:
-    from pytest_llmperf.plugin.session import LLMPerfSession, SummaryLines
+    from pytest_llmperf.plugin.session import LLMPerfSession
+    from pytest_llmperf.plugin.worker_payload import SummaryLines
 
 
 HEADERS = ["test", "workload", "ok/req", "TTFT p50", "TTFT p95", "TPOT p50", "TPOT p95", "out tok/s", "goodput", "SLO"]
@@ -52,14 +53,7 @@ def summary_lines(session: LLMPerfSession) -> SummaryLines:
 
 def write_summary(tr: Any, session: LLMPerfSession) -> None:
     tr.write_sep("=", "llmperf summary")
-    info = session.servers.info
-    servers = [info.describe()] if info is not None else list(session.remote_servers)
-    if session.pair is not None:
-        reference = session.pair.info("reference")
-        servers = [f"candidate {line}" for line in servers]
-        if reference is not None:
-            servers.append(f"reference {reference.describe()}")
-    for line in servers:
+    for line in session.server_lines():
         tr.write_line(f"server: {line}")
     lines = summary_lines(session)
     for worker in session.remote_summaries:
@@ -83,25 +77,23 @@ def _write_verdict_table(tr: Any, session: LLMPerfSession) -> None:
 
 def _write_verdicts(tr: Any, session: LLMPerfSession) -> None:
     opts = session.options
-    if session.pair is None:
-        note = session.launch_note()
-        if note:
-            tr.write_line(f"launches: {note} (start-up is not measured as load)")
-    else:
-        if session.ab_failure is not None:
-            tr.write_line(f"A/B session stopped, no verdict: {session.ab_failure}", red=True)
-        elif session.comparisons:
-            tr.write_sep("-", f"against {session.reference_label()}: {headline(session.comparisons)}")
-            _write_verdict_table(tr, session)
-        note = session.launch_note()
-        if note:
-            tr.write_line(f"A/B blocks: {session.plan.launches} (suite-wide); {note} (start-up is not measured as load)")
-    if session.pair is None and opts.baseline:
+    launches = session.mode.launch_line()
+    in_session = session.mode.reference_in_session
+    if launches and not in_session:
+        tr.write_line(launches)
+    if session.stopped is not None:
+        tr.write_line(f"A/B session stopped, no verdict: {session.stopped.message}", red=True)
+    elif in_session and session.comparisons:
+        tr.write_sep("-", f"against {session.against()}: {headline(session.comparisons)}")
+        _write_verdict_table(tr, session)
+    if launches and in_session:
+        tr.write_line(launches)
+    if not in_session and opts.baseline:
         if session.baseline_source is None:
             tr.write_line(f"no baseline named {opts.baseline!r} in {opts.store}: run with --llmperf-save "
                           f"{opts.baseline} first (e.g. on the main branch) to create it")
         elif session.comparisons:
-            tr.write_sep("-", f"against baseline {opts.baseline!r}: {headline(session.comparisons)}")
+            tr.write_sep("-", f"against {session.against()}: {headline(session.comparisons)}")
             _write_verdict_table(tr, session)
         if session.missing_baseline:
             tr.write_line(f"{len(session.missing_baseline)} run(s) had no counterpart in baseline "

@@ -221,6 +221,11 @@ class ServerProcess:
         return self._pgid
 
     @property
+    def stopped(self) -> bool:
+        """Whether :meth:`stop` was called (it will not start again)."""
+        return self._stopped
+
+    @property
     def display_command(self) -> str:
         return scrub_command(self.command, self.env, self.secrets)
 
@@ -470,7 +475,7 @@ class ProcessReaper:
     def track(self, proc: ServerProcess) -> ServerProcess:
         with self._lock:
             # Drop servers already stopped so a long session does not accumulate them.
-            self._procs = [p for p in self._procs if not p._stopped]
+            self._procs = [p for p in self._procs if not p.stopped]
             if proc not in self._procs:
                 self._procs.append(proc)
         return proc
