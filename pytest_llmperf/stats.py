@@ -139,6 +139,7 @@ __all__ = [
     "DEFAULT_QUICK_RUN_CV",
     "MIN_TRIALS",
     "MIN_TAIL_SAMPLES",
+    "p_text",
     "QUICK_STATISTICS",
     "Comparison",
     "Verdict",
@@ -251,6 +252,7 @@ class ComparisonDict(_ComparisonDictBase, total=False):
     reason: str
     method: str
     reason_kind: str
+    correction: str
 
 
 @dataclass(frozen=True)
@@ -283,6 +285,9 @@ class Comparison:
     reason: str = ""
     method: str = ""
     reason_kind: ReasonKind = ReasonKind.NONE
+    # The multiplicity correction that made p_adjusted of p_value ("Bonferroni over 18"); empty
+    # when none applies (p_adjusted equals p_value).
+    correction: str = ""
 
     @property
     def confidence(self) -> float:
@@ -317,12 +322,14 @@ class Comparison:
                 f"{level} {fmt_pct(self.ci_low)} … {fmt_pct(self.ci_high)}",
                 f"tolerance {fmt_tolerance(low if down else high)}",
             ]
+        if math.isfinite(self.p_value):
+            parts.append(p_text(self.p_value, self.p_adjusted, self.correction))
         if self.mode == "quick":
             parts.append("quick: 1 run per side")
         elif self.mode == "paired":
             parts.append(f"{self.n_candidate} A/B blocks")
         text = f"{head} ({', '.join(parts)})"
-        if self.verdict in (Verdict.NOT_GATED, Verdict.INCONCLUSIVE) and self.reason:
+        if self.reason:  # why it is not gated or inconclusive, or which end-of-session test found it worse
             text += f": {self.reason}"
         return text
 
@@ -336,6 +343,7 @@ class Comparison:
             "tolerance": enc(self.tolerance), "alpha": enc(self.alpha), "mode": self.mode,
             "n_baseline": self.n_baseline, "n_candidate": self.n_candidate, "verdict": self.verdict.value,
             "reason": self.reason, "method": self.method, "reason_kind": self.reason_kind.value,
+            "correction": self.correction,
         }
 
     @classmethod
@@ -346,7 +354,8 @@ class Comparison:
             raise InputError(
                 f"Comparison.from_dict: unknown keys {unknown}; valid keys: {sorted(names)}"
             )
-        optional = ("reason", "method", "reason_kind")  # reason_kind: absent in reports written before it
+        # reason_kind and correction: absent in reports written before them
+        optional = ("reason", "method", "reason_kind", "correction")
         missing = sorted(n for n in names if n not in data and n not in optional)
         if missing:
             raise InputError(f"Comparison.from_dict: missing keys {missing}")
@@ -372,7 +381,7 @@ class Comparison:
             tolerance=num(data["tolerance"], "tolerance"), alpha=num(data["alpha"], "alpha"),
             mode=data["mode"], n_baseline=data["n_baseline"], n_candidate=data["n_candidate"],
             verdict=verdict, reason=data.get("reason", ""), method=data.get("method", ""),
-            reason_kind=_reason_kind(data.get("reason_kind", "")),
+            reason_kind=_reason_kind(data.get("reason_kind", "")), correction=data.get("correction", ""),
         )
 
 
@@ -398,11 +407,15 @@ def decide(
     higher_is_better: bool,
     absolute: bool = False,
     hint: str = "more trials would settle it",
+    p_value: float | None = None,
+    correction: str = "",
 ) -> Decision:
     """The verdict rule (module docstring) on the relative scale, with the tolerance symmetric on
     θ; ``absolute``: on an absolute scale with a symmetric tolerance instead (error rates,
     :func:`compare_counts`). ``hint``: what would settle an INCONCLUSIVE one where more data could
-    (the caller knows whether that is trials, sessions or launches)."""
+    (the caller knows whether that is trials, sessions or launches). ``p_value`` and
+    ``correction``: the p-value before the multiplicity correction and its name, so that a
+    reason quotes both (:func:`p_text`)."""
     if any(math.isnan(x) for x in (change, ci_low, ci_high, p_adjusted)):
         return Decision(Verdict.NOT_GATED, ReasonKind.NO_ESTIMATE, "no estimate")
     low, high = (-tolerance, tolerance) if absolute else tolerance_bounds(tolerance)
@@ -424,15 +437,24 @@ def decide(
         bad_side = fmt_tolerance(low if higher_is_better else high)
         both = f"{fmt_tolerance(low)} … {fmt_tolerance(high)}"
     if bad > worse:
+        p = p_text(p_adjusted if p_value is None else p_value, p_adjusted, correction)
         return Decision(Verdict.INCONCLUSIVE, ReasonKind.NOT_SIGNIFICANT, (
             f"worse, {fmt_pct(change)} (beyond the {bad_side} tolerance), but not significant "
-            f"(p = {p_adjusted:.3g} ≥ α = {alpha:g}); {hint}"))
+            f"({p} ≥ α = {alpha:g}); {hint}"))
     if p_adjusted < alpha:
         return Decision(Verdict.INCONCLUSIVE, ReasonKind.REACHES_PAST_TOLERANCE, (
             f"significantly worse, {fmt_pct(change)}: within the {bad_side} tolerance "
             "but the interval reaches past it"))
     return Decision(Verdict.INCONCLUSIVE, ReasonKind.INTERVAL_WIDER, (
         f"interval {fmt_pct(ci_low)} … {fmt_pct(ci_high)} is wider than the tolerance {both}; {hint}"))
+
+
+def p_text(p_value: float, p_adjusted: float, correction: str = "") -> str:
+    """The p-value a verdict rests on, as its line prints it: ``p = 0.021`` without a
+    multiplicity correction, ``p = 0.021, 0.38 after Bonferroni over 18`` with one."""
+    if not correction or not math.isfinite(p_adjusted) or p_adjusted == p_value:
+        return f"p = {p_value:.3g}"
+    return f"p = {p_value:.3g}, {p_adjusted:.3g} after {correction}"
 
 
 def tolerance_bounds(tolerance: float) -> tuple[float, float]:
@@ -459,6 +481,7 @@ def holm(comparisons: Sequence[Comparison]) -> list[Comparison]:
         if i not in adjusted:
             out.append(c)
             continue
+        correction = f"Holm over {m}" if m > 1 else ""
         verdict, kind, reason = decide(
             c.change,
             c.ci_low,
@@ -468,8 +491,11 @@ def holm(comparisons: Sequence[Comparison]) -> list[Comparison]:
             alpha=c.alpha,
             higher_is_better=c.higher_is_better,
             absolute=c.mode == "counts",
+            p_value=c.p_value,
+            correction=correction,
         )
-        out.append(dataclasses.replace(c, p_adjusted=adjusted[i], verdict=verdict, reason=reason, reason_kind=kind))
+        out.append(dataclasses.replace(c, p_adjusted=adjusted[i], verdict=verdict, reason=reason, reason_kind=kind,
+                                       correction=correction))
     return out
 
 

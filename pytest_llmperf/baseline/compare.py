@@ -431,9 +431,12 @@ def bonferroni(c: Comparison, m: int) -> Comparison:
     if not c.gated or m <= 1:
         return c
     p = min(1.0, c.p_value * m)
+    correction = f"Bonferroni over {m}"
     verdict, kind, reason = decide(c.change, c.ci_low, c.ci_high, p, tolerance=c.tolerance, alpha=c.alpha,
-                                   higher_is_better=c.higher_is_better, absolute=c.mode == "counts")
-    return dataclasses.replace(c, p_adjusted=p, verdict=verdict, reason=reason, reason_kind=kind)
+                                   higher_is_better=c.higher_is_better, absolute=c.mode == "counts",
+                                   p_value=c.p_value, correction=correction)
+    return dataclasses.replace(c, p_adjusted=p, verdict=verdict, reason=reason, reason_kind=kind,
+                               correction=correction)
 
 
 def headline(runs: Sequence[RunComparison]) -> str:

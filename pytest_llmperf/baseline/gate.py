@@ -404,8 +404,10 @@ class GateSession:
         lo, hi = test.interval(alpha)
         ci = sorted((math.expm1(lo * sign), math.expm1(hi * sign)))
         # Against main's sessions, more trials shrink only the trial part: say what would help.
+        correction = f"Bonferroni over {m}" if m > 1 else ""
         verdict, kind, reason = decide(math.expm1(theta), ci[0], ci[1], p_adj, tolerance=tolerance, alpha=alpha,
-                                       higher_is_better=sign < 0, hint=_settle_hint(model))
+                                       higher_is_better=sign < 0, hint=_settle_hint(model), p_value=test.p_value,
+                                       correction=correction)
         q_min = quantile(1.0 - alpha / m, test.df)
         se_min = math.sqrt(max(test.se ** 2 - model.within_var / max(logs.trials, 1), 0.0))
         more = 2.0 * math.sqrt(model.within_var / max(logs.trials, 1))
@@ -419,7 +421,7 @@ class GateSession:
             comp, baseline_value=math.exp(model.mean), candidate_value=math.exp(logs.mean),
             change=math.expm1(theta), theta=theta, ci_low=ci[0], ci_high=ci[1], p_value=test.p_value,
             p_adjusted=p_adj, mode="sessions", n_baseline=model.sessions, n_candidate=logs.trials,
-            verdict=verdict, reason=reason, reason_kind=kind, method=method)
+            verdict=verdict, reason=reason, reason_kind=kind, method=method, correction=correction)
 
     def finish(self) -> list[Comparison]:
         """The end-of-session tests; returns the verdicts that fail only after them.
@@ -458,7 +460,8 @@ class GateSession:
         candidates = {t.name: t.logs for t in self._tracked}
         badness = {t.name: (t.logs.mean - self.model.stats[t.name].mean) * t.sign for t in self._tracked}
         glob, specific = session_tests(self.model, candidates)
-        flagged: dict[tuple[str, str], str] = {}
+        # Per statistic: why it is flagged, and the p-value that decided it before and after its correction.
+        flagged: dict[tuple[str, str], tuple[str, float, float, str]] = {}
         if glob.p_value * GLOBAL_SHARE < alpha:
             for t in self._tracked:
                 own = total_test(self.model.stats[t.name], t.logs, t.sign)
@@ -466,8 +469,10 @@ class GateSession:
                 # same share of α, and beyond the tolerance.
                 if own.p_value * GLOBAL_SHARE < alpha and badness[t.name] > math.log1p(t.tolerance):
                     flagged[t.name] = (f"the whole session moved by {fmt_pct(math.expm1(glob.estimate))} against "
-                                       f"main's sessions (session-wide test, p = {glob.p_value * GLOBAL_SHARE:.3g}), "
-                                       f"and this statistic with it (its own p = {own.p_value * GLOBAL_SHARE:.3g})")
+                                       f"main's sessions (session-wide test, p = {glob.p_value:.3g}, "
+                                       f"{glob.p_value * GLOBAL_SHARE:.3g} at its α/{GLOBAL_SHARE} share), "
+                                       "and this statistic with it", own.p_value,
+                                       min(1.0, own.p_value * GLOBAL_SHARE), f"the session-wide test's α/{GLOBAL_SHARE}")
         order = sorted(specific.items(), key=lambda kv: kv[1].p_value)
         tol = {t.name: t.tolerance for t in self._tracked}
         for rank, (name, test) in enumerate(order):
@@ -475,13 +480,15 @@ class GateSession:
             if p_holm >= alpha:
                 break
             if test.estimate > math.log1p(tol[name]):
-                flagged.setdefault(name, f"worse by {fmt_pct(math.expm1(test.estimate))} beyond the session's "
-                                         f"common shift (specific test, Holm p = {p_holm:.3g})")
+                flagged.setdefault(name, (f"worse by {fmt_pct(math.expm1(test.estimate))} beyond the session's "
+                                          "common shift (the specific test)", test.p_value, min(1.0, p_holm),
+                                          f"Holm over {len(order)} at the specific tests' α/{SPECIFIC_SHARE}"))
         for t in self._tracked:
-            why = flagged.get(t.name)
+            decided = flagged.get(t.name)
             comp = final[t.run].comparisons[t.index]
-            if why is None or comp.verdict is Verdict.REGRESSED:
+            if decided is None or comp.verdict is Verdict.REGRESSED:
                 continue
+            why, p_value, p_adjusted, correction = decided
             model = self.model.stats[t.name]
             # The interval's least-bad end, on the badness scale (positive is worse).
             low_badness = math.log1p(comp.ci_low) if t.sign > 0 else -math.log1p(comp.ci_high)
@@ -490,7 +497,10 @@ class GateSession:
                     comp, verdict=Verdict.INCONCLUSIVE,
                     reason=f"{why}; but nothing has measured session noise yet: {_settle_hint(model)}")
                 continue
-            final[t.run].comparisons[t.index] = dataclasses.replace(comp, verdict=Verdict.REGRESSED, reason=why)
+            # The line quotes the test that decided it, not the on-the-spot test it failed.
+            final[t.run].comparisons[t.index] = dataclasses.replace(
+                comp, verdict=Verdict.REGRESSED, reason=why, p_value=p_value, p_adjusted=p_adjusted,
+                correction=correction)
 
     def failures(self) -> list[tuple[RunComparison, Comparison]]:
         return [(r, c) for r in self.runs for c in r.regressions(self.settings.strict)]
