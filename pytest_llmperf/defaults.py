@@ -20,8 +20,11 @@ DEFAULT_SESSION_CV = 0.05  # session spread the gate assumes before anything mea
 # A trial whose local GPU throttled for heat or power: "invalid" (not gated) or "warn" (gated).
 ThrottlePolicy = Literal["invalid", "warn"]
 THROTTLE_POLICIES: tuple[ThrottlePolicy, ...] = get_args(ThrottlePolicy)
+# How a session picks launches and trials (baseline.plan): from the noise model, or one launch of 6 trials.
+PlanMode = Literal["auto", "fixed"]
+PLAN_MODES: tuple[PlanMode, ...] = get_args(PlanMode)
 PlotsSwitch = Literal["on", "off"]
 PLOTS_SWITCH: tuple[PlotsSwitch, ...] = get_args(PlotsSwitch)
 
-__all__ = ["PLOTS_SWITCH", "THROTTLE_POLICIES", "DEFAULT_ALPHA", "DEFAULT_HISTORY", "DEFAULT_KEEP", "DEFAULT_SESSION_CV", "DEFAULT_STORE",
-           "DEFAULT_TOLERANCE", "PlotsSwitch", "ThrottlePolicy"]
+__all__ = ["PLAN_MODES", "PLOTS_SWITCH", "THROTTLE_POLICIES", "DEFAULT_ALPHA", "DEFAULT_HISTORY", "DEFAULT_KEEP", "DEFAULT_SESSION_CV", "DEFAULT_STORE",
+           "DEFAULT_TOLERANCE", "PlanMode", "PlotsSwitch", "ThrottlePolicy"]

@@ -31,6 +31,9 @@ from pytest_llmperf.traffic.traces import scan as scan_trace
 
 Arrival = Literal["poisson", "gamma", "constant"]
 CacheState = Literal["cold", "warm"]
+# How a trial ends besides its bounds: "measurable", as soon as the gated statistics are
+# (baseline.plan.requests_to_measure), within duration_s.
+Until = Literal["measurable"]
 ARRIVALS: tuple[Arrival, ...] = get_args(Arrival)
 CACHE_STATES: tuple[CacheState, ...] = get_args(CacheState)
 LENGTH_DISTS = ("fixed", "uniform", "normal", "lognormal", "choice")
@@ -312,6 +315,7 @@ class WorkloadDict(_WorkloadDictBase, total=False):
     tools: dict[str, object]
     response_format: dict[str, object]
     adapters: dict[str, object]
+    until: Until
 
 
 @dataclass(frozen=True)
@@ -382,6 +386,7 @@ class Workload:
     tools: Any = None
     response_format: Any = None
     adapters: Any = None
+    until: Until | None = None
     rate: InitVar[float | None] = None
     duration: InitVar[float | None] = None
 
@@ -486,6 +491,15 @@ class Workload:
             raise WorkloadError(f"concurrency must be a positive integer, got {self.concurrency!r}")
         if self.duration_s is None and self.num_requests is None:
             raise WorkloadError("bound the run by duration_s and/or num_requests")
+        if self.until is not None:
+            if self.until != "measurable":
+                raise WorkloadError(f"until must be 'measurable' (or None), got {self.until!r}")
+            if self.duration_s is None or self.num_requests is not None:
+                raise WorkloadError("until='measurable' sets the requests a trial sends from the gated statistics: "
+                                    "bound it by duration_s (its longest) and drop num_requests")
+            if self.trace is not None or self.dataset is not None or self.conversation is not None:
+                raise WorkloadError("until='measurable' applies to generated traffic, not to a trace, dataset or "
+                                    "conversation")
         if self.dataset is not None and self.mix:
             raise WorkloadError("dataset: the dataset's rows are the request mix; drop 'mix'")
         if self.conversation is not None and (self.dataset is not None or self.mix):
@@ -694,7 +708,15 @@ class Workload:
             out["response_format"] = self.response_format.to_spec()
         if self.adapters is not None:
             out["adapters"] = self.adapters.to_spec()
+        if self.until is not None:
+            out["until"] = self.until
         return out
+
+    def measurable_with(self, requests: int) -> Workload:
+        """An ``until="measurable"`` workload resolved to the requests its gated statistics need:
+        its trials end at ``requests`` measured requests, or at ``duration_s`` if that comes first
+        (what is run and saved: the same statistics give main and a pull request the same one)."""
+        return dataclasses.replace(self, num_requests=max(1, requests), until=None)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object], source: str = "workload") -> Workload:

@@ -1,5 +1,7 @@
 """Adaptive trials against a baseline with session history: stop after 3 trials when the change is
-clearly within the tolerance, confirm with 6 before declaring a regression."""
+clearly within the tolerance, confirm with 6 before declaring a regression. They apply to runs of
+the calibrated default of 6 trials on one launch (``--llmperf-plan fixed``); the plan's own
+layouts are sized from the noise model instead (tests/test_plan.py)."""
 
 import json
 
@@ -21,7 +23,7 @@ ARGS = ["-p", "no:cacheprovider", "--llmperf-plots", "off", "--llmperf-sim-prese
 # unchanged run reads UNCHANGED after three trials, the early stop this test is about. (At the
 # default 5% its interval is about ±12%, INCONCLUSIVE; the trials would stop too, but only because
 # no number of them could confirm a regression.)
-QUIET_PRIOR = ["--llmperf-session-cv", "0.01"]
+QUIET_PRIOR = ["--llmperf-session-cv", "0.01", "--llmperf-plan", "fixed"]
 
 
 def _trials(pytester):

@@ -180,6 +180,10 @@ def _invalid_reasons(entry: SavedEntry, side: str) -> list[str]:
 
 
 MIN_BEYOND_PER_TRIAL = 2
+# Against main's sessions (their spread measured, trials of the same size): requests beyond the
+# percentile in every trial, so that it is an order statistic with a tail behind it, not a maximum.
+# No pooled count: the sessions' own spread is that of trials this size (benchmarks/gate_calibration.py).
+MIN_BEYOND_MEASURED = 5
 
 
 def precision_floor(entry: SavedEntry, g: GatedStat, *, measured_spread: bool = False) -> str | None:
@@ -190,16 +194,15 @@ def precision_floor(entry: SavedEntry, g: GatedStat, *, measured_spread: bool = 
     requests, which are autocorrelated, so the count is the effective sample size
     (:func:`~pytest_llmperf.stats.effective_sample_size`): every trial needs ``n_eff · (1 − q)
     ≥`` :data:`MIN_BEYOND_PER_TRIAL`. With ``measured_spread`` (the session model, which measures
-    the statistic's own spread across trials, launches and sessions, autocorrelation included)
-    the quantile only has to exist: every trial needs ``n · (1 − q) ≥`` :data:`MIN_BEYOND_PER_TRIAL`
-    requests beyond it and the side's trials together :data:`~pytest_llmperf.stats.MIN_TAIL_SAMPLES`.
+    the statistic's own spread across trials, launches and sessions, autocorrelation included,
+    from trials of the same size) the quantile only has to be an order statistic with a tail
+    behind it: every trial needs ``n · (1 − q) ≥`` :data:`MIN_BEYOND_MEASURED` requests beyond it.
     Below that the "p99" of each trial is its maximum: the gate says so instead of judging it."""
     q = _PERCENTILE_Q.get(g.stat)
     if q is None or g.metric is None:
         return None
     tail = 1.0 - q / 100.0
     worst: tuple[float, int] | None = None
-    pooled = 0.0
     trials = entry.get("trials") or []
     for trial in trials:
         packed = (trial.get("samples") or {}).get(g.metric)
@@ -214,19 +217,17 @@ def precision_floor(entry: SavedEntry, g: GatedStat, *, measured_spread: bool = 
                 continue  # neither samples nor counts: nothing to judge the precision by
             n = int(dist.get("count") or 0) // max(1, len(trials))
             n_eff = float(n)
-        pooled += n * tail
         if worst is None or n_eff < worst[0]:
             worst = (n_eff, n)
     if worst is None:
         return None
     unit = "inter-token gaps" if g.metric == "itl_s" else "requests"
     if measured_spread:
-        if worst[0] * tail >= MIN_BEYOND_PER_TRIAL and pooled >= MIN_TAIL_SAMPLES:
+        if worst[0] * tail >= MIN_BEYOND_MEASURED:
             return None
-        need = math.ceil(max(MIN_BEYOND_PER_TRIAL / tail, MIN_TAIL_SAMPLES / tail / max(len(trials), 1)) - 1e-9)
+        need = math.ceil(MIN_BEYOND_MEASURED / tail - 1e-9)
         return (f"{g.stat} cannot be judged: a trial of {worst[1]} {unit} has ~{worst[1] * tail:.1f} beyond the "
-                f"{g.stat} ({pooled:.0f} over {len(trials)} trials); {need} {unit} per trial needed for "
-                f"{MIN_BEYOND_PER_TRIAL} per trial and {MIN_TAIL_SAMPLES} in all; run longer trials")
+                f"{g.stat}; {need} {unit} per trial needed for {MIN_BEYOND_MEASURED} beyond it; run longer trials")
     if worst[0] * tail >= MIN_BEYOND_PER_TRIAL:
         return None
     need = math.ceil(MIN_BEYOND_PER_TRIAL / tail)

@@ -25,8 +25,10 @@ from pytest_llmperf.defaults import (
     DEFAULT_SESSION_CV,
     DEFAULT_STORE,
     DEFAULT_TOLERANCE,
+    PLAN_MODES,
     PLOTS_SWITCH,
     THROTTLE_POLICIES,
+    PlanMode,
     PlotsSwitch,
     ThrottlePolicy,
 )
@@ -183,6 +185,10 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("launches", "launch the server L times in the session (default 1), each launch serving every "
                "selected perf test's share of the trials (ceil(trials / L) each), so launch-to-launch noise is "
                "measured; in A/B mode, the number of blocks (each side launched once per block)", None, _positive_int),
+    OptionSpec("plan", "how a saving or gated session picks launches and trials when neither --llmperf-launches nor "
+               "--llmperf-trials is given: auto (the default) from the noise model, the cheapest in GPU-minutes that "
+               "detects a whole-server +3x the tolerance (main saved with more launches, pull requests with fewer), "
+               "said before anything runs; fixed: one launch and 6 trials", "auto", choices=PLAN_MODES),
     OptionSpec("strict", "fail INCONCLUSIVE comparisons and tests with no baseline", False, flag=True),
     OptionSpec("bisect", "exit in git bisect run terms: 0 unchanged or improved, 1 regressed, 125 inconclusive or "
                "not gated (bisect skips the commit)", False, flag=True),
@@ -234,6 +240,7 @@ class LLMPerfOptions:
     alpha: float
     trials: int | None
     launches: int | None
+    plan: PlanMode
     strict: bool
     bisect: bool
     allow_diff: tuple[str, ...]

@@ -63,6 +63,12 @@ def is_worker(config: pytest.Config) -> bool:
     return hasattr(config, "workerinput")
 
 
+def under_xdist(config: pytest.Config) -> bool:
+    """Whether the session's tests run on xdist workers (here, or this is one of them)."""
+    numprocesses = config.getoption("numprocesses", None)
+    return is_worker(config) or (bool(numprocesses) and numprocesses != "0")
+
+
 def configure(config: pytest.Config) -> None:
     if not is_worker(config):
         return
@@ -145,4 +151,4 @@ def node_payload(node: Any) -> str | None:
 
 
 __all__ = ["DIST_KEY", "GROUP", "LOST_KEY", "PAYLOAD_KEY", "WorkerPlugin", "choose_dist", "concurrency_error", "configure",
-           "is_worker", "node_payload", "passes_refused"]
+           "is_worker", "node_payload", "passes_refused", "under_xdist"]

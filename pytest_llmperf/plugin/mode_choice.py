@@ -20,9 +20,11 @@ if TYPE_CHECKING:
     from pytest_llmperf.servers.process import ProcessReaper
 
 
-def choose_mode(options: LLMPerfOptions, api_key: str | None, reaper: ProcessReaper) -> ModeSession:
-    """The mode session for ``options`` (see :mod:`pytest_llmperf.plugin.modes`). Options that
-    contradict the mode are a usage error, before anything is launched."""
+def choose_mode(options: LLMPerfOptions, api_key: str | None, reaper: ProcessReaper, *,
+                launches: int | None = None) -> ModeSession:
+    """The mode session for ``options`` (see :mod:`pytest_llmperf.plugin.modes`); ``launches``:
+    the session's plan's (:mod:`pytest_llmperf.baseline.plan`), else ``--llmperf-launches``.
+    Options that contradict the mode are a usage error, before anything is launched."""
     _check_launch_options(options)
     candidate = ServerManager(_candidate_config(options, api_key), reaper=reaper)
     if options.ab:
@@ -31,8 +33,9 @@ def choose_mode(options: LLMPerfOptions, api_key: str | None, reaper: ProcessRea
         blocks = options.launches or options.trials or DEFAULT_TRIALS
         reference = ServerManager(_reference_config(options, api_key), reaper=reaper)
         return ABPairSession(candidate, reference, blocks, reference_url=options.ab_url)
-    if options.launch_count > 1:
-        return LaunchPassesSession(candidate, options.launch_count)
+    count = launches if launches is not None else options.launch_count
+    if count > 1:
+        return LaunchPassesSession(candidate, count)
     return StoredBaselineSession(candidate)
 
 

@@ -11,20 +11,20 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import time
 from typing import TYPE_CHECKING
 
 import pytest
 
-from pytest_llmperf.baseline.schema import capacity_entry, fingerprint_for, run_entry
+from pytest_llmperf.baseline.plan import requests_to_measure, unjudgeable
+from pytest_llmperf.baseline.schema import capacity_entry, fingerprint_for, gated_stats, run_entry
 from pytest_llmperf.errors import LLMPerfError
 from pytest_llmperf.load.runner import Runner
 from pytest_llmperf.load.runner_config import RunnerConfig
 from pytest_llmperf.objectives import SLO, SLOError, check, check_applies
 from pytest_llmperf.plugin.modes import RunRequest
 from pytest_llmperf.plugin.progress import ProgressPrinter
-from pytest_llmperf.plugin.state import nodeid_of
+from pytest_llmperf.plugin.state import in_ci, nodeid_of
 from pytest_llmperf.servers.manager import answers
 from pytest_llmperf.stats import DEFAULT_TRIALS, ReasonKind
 from pytest_llmperf.workload import NotAWorkload, Workload
@@ -57,6 +57,7 @@ class LLMPerf:
         self.cache_failures: list[str] = []
         self.capacities: list[CapacityResult] = []
         self.references: list[RunResult] = []  # A/B mode: the reference's runs, block for block
+        self._entries: dict[str, SavedEntry] = {}  # what the session keeps of this test's runs, by run key
 
     @property
     def slo(self) -> SLO | None:
@@ -79,20 +80,25 @@ class LLMPerf:
         session = self._session
         opts = session.options
         mode = session.mode
-        workload = workload.scaled(opts.duration_scale)
         refused = _inapplicable(self.slos, workload.api)  # before any load: a key the kind has no metric for
         if refused is not None:
             pytest.fail(f"llmperf: {refused}", pytrace=False)
-        # A gate needs replicates: default to the calibrated trial count when saving or comparing
-        # (see stats.DEFAULT_TRIALS and benchmarks/gate_calibration.py), one trial otherwise.
-        gating = bool(opts.save or opts.baseline or mode.reference_in_session)
+        if workload.until == "measurable":
+            # Before scaling: a smoke run shortens the measurable count as it shortens any other.
+            workload = workload.measurable_with(requests_to_measure(gated_stats(self.slo, self.slos)))
+        workload = workload.scaled(opts.duration_scale)
+        # A gate needs replicates: the session's plan says how many (baseline.plan), or the
+        # calibrated default when saving or comparing, one trial otherwise.
         asked = trials or _marker_trials(self.slos) or workload.trials or opts.trials
+        n_trials = asked or session.default_trials()
         key = f"{nodeid_of(self._item)}#{len(self.results)}"
         gate = session.gate
-        # Adaptive trials against a stored baseline that has the run (plugin.mode_stored).
-        adaptive = asked is None and gate is not None and not mode.reference_in_session and key in gate.baseline
+        # Adaptive trials against a stored baseline that has the run, where a run takes the
+        # calibrated default of trials on one launch (plugin.mode_stored).
+        adaptive = (asked is None and n_trials == DEFAULT_TRIALS and gate is not None and not mode.reference_in_session
+                    and key in gate.baseline)
         printer = self._printer(self._item.name)
-        request = RunRequest(workload=workload, slo=self.slo, key=key, trials=asked or (DEFAULT_TRIALS if gating else 1),
+        request = RunRequest(workload=workload, slo=self.slo, key=key, trials=n_trials,
                              asked=asked, test_name=self._item.name, runner=self._runner, printer=printer,
                              stop_early=functools.partial(self._stop_early, key) if adaptive else None)
         try:
@@ -234,6 +240,7 @@ class LLMPerf:
         return capacity_entry(result, fingerprint, f"capacity {workload.label()}", slo=self.slo)
 
     def _judge(self, key: str, entry: SavedEntry, reference: SavedEntry | None = None) -> None:
+        self._entries[key] = entry
         comparison, message = self._session.record(key, entry, reference)
         if comparison is not None:
             self.comparisons.append(comparison)
@@ -276,6 +283,11 @@ class LLMPerf:
             for c in comparison.comparisons:
                 if c.reason_kind is ReasonKind.CANNOT_BE_JUDGED:
                     lines.append(f"{comparison.label}: {c.reason} (fails under {why})")
+        if self._session.options.save:
+            # A statistic no pull request could judge fails every one of them under CI: fail it here,
+            # once, where the test is written.
+            lines.extend(f"saving {self._session.options.save!r}: this run cannot gate {line} (fails the save under "
+                         f"{why}: every pull request would fail on it)" for line in unjudgeable(self._entries))
         return lines
 
     def failures(self) -> list[str]:
@@ -339,11 +351,6 @@ class LLMPerf:
 
 # How long a server whose port refuses connections gets to finish exiting before it is reported.
 _DEATH_WAIT_S = 10.0
-
-
-def in_ci() -> bool:
-    """Whether this session runs in CI (``CI=true``, as GitHub Actions, GitLab CI and most others set)."""
-    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def failed_requests(result: RunResult) -> str | None:

@@ -20,8 +20,10 @@ from pytest_llmperf.baseline.gate import (
     GateSession,
     GateSettings,
     bisect_status,
+    node_of,
 )
 from pytest_llmperf.baseline.history import open_baseline
+from pytest_llmperf.baseline.plan import MAX_LAUNCHES, Layout, Spread, plan_costs, plan_session, unjudgeable
 from pytest_llmperf.baseline.schema import gated_stats, session_document
 from pytest_llmperf.baseline.store import BaselineMissing, BaselineStore, StoreError, StoreWarning, validate_name
 from pytest_llmperf.errors import pytest_flag
@@ -30,15 +32,18 @@ from pytest_llmperf.load.prompts import TokenModels
 from pytest_llmperf.objectives import SLOCheck
 from pytest_llmperf.plugin import distributed
 from pytest_llmperf.plugin.mode_choice import choose_mode
-from pytest_llmperf.plugin.state import API_KEY_KEY, SLO_KEY, is_perf_item, nodeid_of
+from pytest_llmperf.plugin.state import API_KEY_KEY, SLO_KEY, in_ci, is_perf_item, nodeid_of
 from pytest_llmperf.provenance import Provenance, RevisionError, detect, parse_revision
 from pytest_llmperf.servers.pair import CANDIDATE
 from pytest_llmperf.servers.process import ProcessReaper
+from pytest_llmperf.stats import DEFAULT_TRIALS
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
     from pytest_llmperf.baseline.compare import RunComparison
+    from pytest_llmperf.baseline.history import OpenBaseline
+    from pytest_llmperf.baseline.plan import SessionPlan
     from pytest_llmperf.baseline.schema import SavedEntry
     from pytest_llmperf.capacity import CapacityResult
     from pytest_llmperf.cli.options import LLMPerfOptions
@@ -71,7 +76,9 @@ class LLMPerfSession:
         except RevisionError as exc:
             raise pytest.UsageError(f"--llmperf-revision {options.revision!r}: {exc}") from None
         self._provenance: Provenance | None = None
-        self._mode = choose_mode(options, self._api_key, self._reaper)
+        # Chosen when the baselines are prepared: the plan may set the launches (baseline.plan).
+        self._mode: ModeSession | None = None
+        self._plan: SessionPlan | None = None
         # What this process measured: runs (A/B: the reference's too) and capacity searches by test,
         # the saved entries and SLO checks by run key, test outcomes by node id.
         self._results: list[tuple[str, RunResult]] = []
@@ -117,7 +124,22 @@ class LLMPerfSession:
 
     @property
     def mode(self) -> ModeSession:
+        if self._mode is None:
+            self._mode = choose_mode(self._options, self._api_key, self._reaper)
         return self._mode
+
+    @property
+    def plan(self) -> SessionPlan | None:
+        """The session's plan, when it saves or gates against a stored baseline (baseline.plan)."""
+        return self._plan
+
+    def default_trials(self) -> int:
+        """Trials of a run that asks for none: the plan's, else the gating default when saving or
+        comparing (see stats.DEFAULT_TRIALS and benchmarks/gate_calibration.py), else one."""
+        if self._plan is not None:
+            return self._plan.layout.trials
+        opts = self._options
+        return DEFAULT_TRIALS if (opts.save or opts.baseline or self.mode.reference_in_session) else 1
 
     @property
     def token_models(self) -> TokenModels:
@@ -186,24 +208,25 @@ class LLMPerfSession:
     @property
     def stopped(self) -> Stopped | None:
         """Why the session stopped without a verdict (an A/B side failed), or None."""
-        return self._mode.stopped
+        return self.mode.stopped
 
     def has_measured(self) -> bool:
         """Whether the summary has anything to say (runs, searches, or an A/B session stopped)."""
-        return bool(self._results or self._capacities or self._remote_summaries or self._mode.stopped is not None)
+        return bool(self._results or self._capacities or self._remote_summaries or self.mode.stopped is not None)
 
     def server_lines(self) -> list[str]:
-        return self._mode.server_lines(self._remote_servers)
+        return self.mode.server_lines(self._remote_servers)
 
     def against(self) -> str:
         """How verdicts name what they were judged against."""
-        return self._mode.against(self._options.baseline)
+        return self.mode.against(self._options.baseline)
 
     # ------------------------------------------------------------------ lifecycle
 
     def close(self) -> None:
         try:
-            self._mode.close()
+            if self._mode is not None:
+                self._mode.close()
         finally:
             self._reaper.stop_all()
             self._reaper.uninstall()
@@ -212,11 +235,11 @@ class LLMPerfSession:
 
     def server(self) -> ServerInfo:
         """The server of the current pass (A/B mode: of the pass's side), launched on first use."""
-        return self._mode.server()
+        return self.mode.server()
 
     def begin_pass(self, p: int) -> None:
         """Pass ``p`` of the session begins (plugin.passes)."""
-        self._mode.begin_pass(p)
+        self.mode.begin_pass(p)
 
     def check_report_dir(self) -> None:
         path = self._options.report_path
@@ -242,12 +265,19 @@ class LLMPerfSession:
         opts = self._options
         settings = GateSettings(tolerance=opts.tolerance, alpha=opts.alpha, allow=tuple(opts.allowed_diffs),
                                 strict=opts.strict)
-        own = self._mode.own_gate(settings, family_size or 1)
-        if own is not None:
-            self._gate = own
+        if opts.ab:
+            self._gate = self.mode.own_gate(settings, family_size or 1)
             return
+        opened = self._read_baseline(selected_tests, settings)
+        self._plan = self._choose_plan(selected_tests, family_size, opened)
+        self._mode = choose_mode(opts, self._api_key, self._reaper,
+                                 launches=self._plan.layout.launches if self._plan is not None else None)
+
+    def _read_baseline(self, selected_tests: set[str], settings: GateSettings) -> OpenBaseline | None:
+        """Check the save target and open ``--llmperf-baseline``; sets the gate when it has sessions."""
+        opts = self._options
         if self._store is None:
-            return
+            return None
         if opts.save:
             try:
                 validate_name(opts.save)  # a bad name must not wait for the end of the run
@@ -258,14 +288,14 @@ class LLMPerfSession:
             except StoreError as exc:
                 raise pytest.UsageError(f"--llmperf-save {opts.save}: {exc.render(pytest_flag)}") from None
         if not opts.baseline:
-            return
+            return None
         try:
             # A corrupt or malformed newest file stops the session; older ones are skipped, said.
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", StoreWarning)
                 baseline = open_baseline(self._store, opts.baseline, history=opts.history)
         except BaselineMissing:
-            return
+            return None
         except StoreError as exc:
             raise pytest.UsageError(f"--llmperf-baseline {opts.baseline}: {exc.render(pytest_flag)}") from None
         # Older history files that are corrupt are skipped, never silently: say which.
@@ -278,7 +308,7 @@ class LLMPerfSession:
         if rebase_note is not None and tr is not None:
             tr.write_line(f"llmperf: {rebase_note}")
         if not baseline.sessions:
-            return  # rebased, and no session saved since: no baseline yet
+            return baseline  # rebased, and no session saved since: no baseline yet
         self._baseline_source = str(baseline.newest.path)
         self._baseline_provenance = Provenance.from_dict(baseline.newest.run.get("provenance"))
         self._gate = GateSession.from_sessions(baseline.sessions, settings, session_ids=baseline.session_ids,
@@ -299,6 +329,49 @@ class LLMPerfSession:
         if tr is not None:
             for line in reach_notes:
                 tr.write_line(f"  {line}")
+            floors = unjudgeable({key: entries[0] for key, entries in self._gate.baseline.items()
+                                  if entries and node_of(key) in selected_tests})
+            if floors and (opts.strict or in_ci()):
+                tr.write_line("  (a statistic that cannot be judged fails its test under "
+                              f"{'--llmperf-strict' if opts.strict else 'CI=true'}, in every pull request until "
+                              "the test runs longer trials)")
+        return baseline
+
+    def _choose_plan(self, selected_tests: set[str], family_size: int | None,
+                     opened: OpenBaseline | None) -> SessionPlan | None:
+        """The plan of a saving or gated session (baseline.plan), said before any load; None for a
+        session that neither saves nor gates."""
+        opts = self._options
+        if not opts.save and self._gate is None:
+            return None
+        gate = self._gate
+        selected = [key for key in (gate.baseline if gate is not None else {}) if node_of(key) in selected_tests]
+        if gate is not None and gate.model is not None:
+            spread = Spread.from_model(gate.model, [n for n in gate.model.stats if n[0] in selected])
+        else:
+            spread = Spread.from_prior(opts.session_cv, sessions=len(opened.sessions) if opened is not None else 0)
+        costs = plan_costs(opened.sessions if opened is not None else [], opened.newest.run if opened is not None
+                           else None, selected, measuring=len(selected_tests))
+        family = gate.family_size if gate is not None else max(family_size or 1, 1)
+        # A server given by URL cannot be relaunched; xdist workers measure from one launch.
+        one_launch = bool(opts.url) or distributed.under_xdist(self._config)
+        fixed, fixed_by = None, None
+        if opts.plan == "fixed":
+            fixed, fixed_by = Layout(opts.launch_count, -(-(opts.trials or DEFAULT_TRIALS) // opts.launch_count)), \
+                "--llmperf-plan fixed"
+        elif opts.trials and not opts.launches:
+            fixed, fixed_by = Layout(1, opts.trials), "--llmperf-trials"
+        elif opts.launches:
+            per_launch = -(-opts.trials // opts.launches) if opts.trials else 1
+            fixed, fixed_by = Layout(opts.launches, per_launch), "--llmperf-launches"
+        plan = plan_session(spread, costs, saves_main=bool(opts.save),
+                            alpha=opts.alpha, tolerance=opts.tolerance, family=family,
+                            max_launches=1 if one_launch else MAX_LAUNCHES, fixed=fixed, fixed_by=fixed_by)
+        tr = self._config.pluginmanager.get_plugin("terminalreporter")
+        if tr is not None:
+            for line in plan.lines(opts.tolerance):
+                tr.write_line(f"llmperf: {line}")
+        return plan
 
     # ------------------------------------------------------------------ what a test measured
 
@@ -321,7 +394,7 @@ class LLMPerfSession:
         ``reference`` measured in the same blocks), judge it. Returns the comparison (None when
         not compared) and a note or gate error message."""
         self._entries[key] = entry
-        in_session = self._mode.reference_in_session
+        in_session = self.mode.reference_in_session
         if reference is not None and self._gate is not None and self._gate.paired:
             self._gate.add_reference(key, reference)
             name: str | None = "reference"
@@ -383,8 +456,8 @@ class LLMPerfSession:
         """What an xdist worker hands the controller at its end, as JSON (plugin.worker_payload)."""
         from pytest_llmperf import jsonio
 
-        lines = self._mode.server_lines([])
-        server = self._mode.server_report()
+        lines = self.mode.server_lines([])
+        server = self.mode.server_report()
         payload: WorkerPayload = {
             "selected": sorted(self._selected),
             "entries": self._entries,
@@ -392,7 +465,7 @@ class LLMPerfSession:
             "outcomes": self._outcomes,
             "server": server.to_json_dict() if server is not None else None,
             "server_line": lines[0] if lines else None,
-            "launch_times_s": self._mode.local_launch_times_s(),
+            "launch_times_s": self.mode.local_launch_times_s(),
             "summary": summary,  # plugin.summary.summary_lines(self), from the caller: the summary reads the session
         }
         return jsonio.dumps(payload)
@@ -419,7 +492,7 @@ class LLMPerfSession:
             from pytest_llmperf.report.model import JsonReader, ServerReport
 
             self._remote_server = ServerReport.read(JsonReader(payload["server"], "worker payload: server"))
-        self._mode.add_remote_launches([float(t) for t in payload.get("launch_times_s") or []])
+        self.mode.add_remote_launches([float(t) for t in payload.get("launch_times_s") or []])
         line = payload.get("server_line")
         if line and line not in self._remote_servers:
             self._remote_servers.append(line)
@@ -430,7 +503,7 @@ class LLMPerfSession:
     # ------------------------------------------------------------------ the end
 
     def finish(self, session: pytest.Session, exitstatus: int) -> None:
-        stopped = self._mode.stopped
+        stopped = self.mode.stopped
         if self._gate is not None and stopped is None:
             newly: list[Comparison] = self._gate.finish()
             if newly and session.exitstatus == 0:
@@ -446,7 +519,7 @@ class LLMPerfSession:
             session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
         elif self._options.save and self._entries and exitstatus != pytest.ExitCode.INTERRUPTED:
             assert self._store is not None
-            record = self._mode.launch_record()
+            record = self.mode.launch_record()
             try:
                 path = self._store.save(self._options.save, session_document(
                     self._entries, record["startup_s"] if record is not None else None, self.provenance))
@@ -460,7 +533,7 @@ class LLMPerfSession:
     def _bisect_exit(self, session: pytest.Session) -> None:
         """Replace the exit status with ``git bisect run``'s (see :func:`bisect_status`)."""
         status = int(session.exitstatus)
-        stopped = self._mode.stopped
+        stopped = self.mode.stopped
         if stopped is not None:
             # A candidate that cannot be measured is a commit bisect skips; a reference that fails
             # leaves nothing to compare any commit with.
@@ -470,7 +543,7 @@ class LLMPerfSession:
                 code, why = BISECT_ABORT, f"the reference server failed: {stopped.message}"
         elif status not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED, pytest.ExitCode.NO_TESTS_COLLECTED):
             code, why = BISECT_ABORT, f"the session itself failed (pytest exit status {status})"
-        elif not self._options.baseline and not self._mode.reference_in_session:
+        elif not self._options.baseline and not self.mode.reference_in_session:
             code, why = BISECT_SKIP, "no baseline to compare against (--llmperf-baseline or --llmperf-ab-*)"
         elif self._gate is None:
             code, why = BISECT_SKIP, f"no baseline named {self._options.baseline!r}"
@@ -486,10 +559,10 @@ class LLMPerfSession:
     def document(self) -> ReportDocument:
         from pytest_llmperf.report.document import build_document
 
-        server = self._mode.server_report() or self._remote_server
+        server = self.mode.server_report() or self._remote_server
         gate = self._gate
-        reference = self._mode.reference_report()
-        judged = gate is not None and self._mode.stopped is None
+        reference = self.mode.reference_report()
+        judged = gate is not None and self.mode.stopped is None
         return build_document(
             self._entries,
             baseline=gate.baseline if gate is not None else None,
@@ -501,7 +574,7 @@ class LLMPerfSession:
             baseline_name="reference" if reference is not None else self._options.baseline,
             baseline_source=reference.label if reference is not None else self._baseline_source,
             reference=reference,
-            launches=self._mode.launches_doc(),
+            launches=self.mode.launches_doc(),
             history_note=self._history_note if reference is None else None,
             strict=self._options.strict,
             provenance=self.provenance,

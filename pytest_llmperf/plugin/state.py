@@ -6,6 +6,7 @@ module that creates them (``SESSION_KEY`` in :mod:`~pytest_llmperf.plugin.lazy`,
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 import pytest
@@ -39,3 +40,8 @@ def is_perf_item(item: pytest.Item) -> bool:
     """Whether the test measures: uses ``llmperf``/``llm_server`` or carries ``@slo``."""
     fixtures = getattr(item, "fixturenames", ())
     return any(name in fixtures for name in PERF_FIXTURES) or item.get_closest_marker("slo") is not None
+
+
+def in_ci() -> bool:
+    """Whether this session runs in CI (``CI=true``, as GitHub Actions, GitLab CI and most others set)."""
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes", "on")

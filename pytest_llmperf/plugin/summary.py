@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_llmperf.baseline.compare import headline
+from pytest_llmperf.baseline.plan import unjudgeable
 from pytest_llmperf.formatting import fmt_s, table
 from pytest_llmperf.plugin.perf import failed_requests
 from pytest_llmperf.report.terminal import verdict_lines
@@ -112,19 +113,3 @@ def _write_verdicts(tr: Any, session: LLMPerfSession) -> None:
         tr.write_line(f"reports: {opts.report_path}/ ({', '.join(names)}{f', plots/ ({plots} files)' if plots else ''})")
     if session.report_error:
         tr.write_line(session.report_error, red=True)
-
-
-def unjudgeable(entries: Any) -> list[str]:
-    """The saved statistics whose trials are too small to judge (said when the baseline is saved)."""
-    from pytest_llmperf.baseline.compare import precision_floor
-    from pytest_llmperf.baseline.schema import entry_gated_stats, is_capacity
-
-    out = []
-    for key, entry in entries.items():
-        if is_capacity(entry):
-            continue
-        for g in entry_gated_stats(entry):
-            floor = precision_floor(entry, g)
-            if floor is not None:
-                out.append(f"{key.rsplit('#', 1)[0].split('::')[-1]}: {floor}")
-    return out
