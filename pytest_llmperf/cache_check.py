@@ -27,7 +27,7 @@ from pytest_llmperf.records import PHASE_MEASURE, RequestRecord
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from pytest_llmperf.telemetry.server_metrics import ServerTelemetry
+    from pytest_llmperf.telemetry_data import ServerTelemetry
 
 # A warm run is expected to serve at least this share of its prompt tokens from the cache; real
 # engines cache in blocks and evict, so asking for ~all would cry wolf.

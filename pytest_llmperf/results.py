@@ -24,8 +24,7 @@ if TYPE_CHECKING:
 
     from pytest_llmperf.cache_check import CacheCheck
     from pytest_llmperf.objectives import SLO, SLOCheck
-    from pytest_llmperf.telemetry.gpu import GpuTelemetry
-    from pytest_llmperf.telemetry.server_metrics import ServerTelemetry
+    from pytest_llmperf.telemetry_data import GpuTelemetry, ServerTelemetry
     from pytest_llmperf.timeslices import Timeslices
     from pytest_llmperf.workload import Workload
 

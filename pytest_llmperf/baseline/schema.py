@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from pytest_llmperf.provenance import Provenance
     from pytest_llmperf.records import RequestRecord
     from pytest_llmperf.results import RunResult, TrialResult
-    from pytest_llmperf.telemetry.gpu import GpuInventory
+    from pytest_llmperf.telemetry_data import GpuInventory
     from pytest_llmperf.workload import Workload
 
 

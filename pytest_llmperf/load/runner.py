@@ -67,7 +67,7 @@ if TYPE_CHECKING:
     from pytest_llmperf.kinds import ApiName
     from pytest_llmperf.load.loadgen import LoadOutcome
     from pytest_llmperf.objectives import SLO
-    from pytest_llmperf.telemetry.gpu import GpuTelemetry
+    from pytest_llmperf.telemetry_data import GpuTelemetry
     from pytest_llmperf.timeslices import Timeslices
     from pytest_llmperf.traffic.images import ImageSpec
     from pytest_llmperf.workload import Workload

@@ -24,7 +24,8 @@ Shape::
       tests      (TestReport, ...)        nodeid, name, outcome (passed|failed|error|skipped|unknown)
         runs     (RunReport, ...)         key (<nodeid>#<i>), label, workload and fingerprint (as
                                           recorded), slo: SLO, summary: Summary, cache_check: CacheCheck,
-                                          telemetry: ServerMetricsReport per trial, gpu: GpuReport per trial,
+                                          telemetry: ServerTelemetry per trial, gpu: GpuTelemetry per
+                                          trial (both pytest_llmperf.telemetry_data),
                                           slo_checks: SLOCheck, verdicts: Comparison, allowed_diffs,
                                           gate_error, baseline_summary: Summary; derived: slo_passed,
                                           fails(strict), invalid_reasons
@@ -64,16 +65,19 @@ from pytest_llmperf._version import __version__
 from pytest_llmperf.cache_check import CacheCheck
 from pytest_llmperf.errors import InputError
 from pytest_llmperf.jsonio import decode_float
+from pytest_llmperf.jsonmodel import JsonModel
 from pytest_llmperf.metrics import Summary
 from pytest_llmperf.objectives import SLO, SLOCheck
 from pytest_llmperf.provenance import Provenance
 from pytest_llmperf.stats import VERDICTS, Comparison, headline_from_counts
+from pytest_llmperf.telemetry_data import GpuTelemetry, ServerTelemetry
 from pytest_llmperf.timeslices import Timeslices
 
 if TYPE_CHECKING:
     from pytest_llmperf.baseline.samples import PackedSamples
 
 T = TypeVar("T")
+M = TypeVar("M", bound=JsonModel)
 
 SCHEMA_VERSION = 1
 OUTCOMES = ("passed", "failed", "error", "skipped", "unknown")
@@ -201,9 +205,11 @@ class JsonReader:
             out.append(number)
         return tuple(out)
 
-    def number_map(self, key: str) -> dict[str, float]:
-        reader = self.child(key)
-        return {} if reader is None else {k: reader.number(k) for k in reader.data}
+    def recorded_list(self, key: str, cls: type[M]) -> tuple[M | None, ...]:
+        """An array of typed values (:class:`~pytest_llmperf.jsonmodel.JsonModel`), null entries
+        kept as None; an absent key or null is empty."""
+        return tuple(None if item is None else cls.from_dict(item, source=f"{self.at(key)}[{i}]", error=ReportFormatError)
+                     for i, item in enumerate(self.array(key)))
 
     def recorded(self, key: str) -> RecordedJson | None:
         """A JSON object carried as recorded (null stays None)."""
@@ -286,155 +292,6 @@ def _packed(reader: JsonReader) -> PackedSamples:
     return {"codec": reader.text("codec"), "dtype": reader.text("dtype"), "shape": shape, "data": reader.text("data")}
 
 
-# ---------------------------------------------------------------------- telemetry
-
-
-@dataclass(frozen=True)
-class MetricsSnapshot:
-    """One scrape of the server's ``/metrics``, normalised (telemetry's ``Snapshot``)."""
-
-    time_s: float
-    values: Mapping[str, float] = field(default_factory=dict)
-    engine: str = "unknown"
-    raw_count: int = 0
-
-    def to_json_dict(self) -> dict[str, object]:
-        return {"time_s": self.time_s, "values": dict(self.values), "engine": self.engine,
-                "raw_count": self.raw_count}
-
-    @classmethod
-    def read(cls, reader: JsonReader) -> MetricsSnapshot:
-        return cls(time_s=reader.number("time_s"), values=reader.number_map("values"),
-                   engine=reader.opt_text("engine") or "unknown", raw_count=reader.integer("raw_count", 0))
-
-
-@dataclass(frozen=True)
-class ServerMetricsReport:
-    """What the server's own metrics said about one trial (telemetry's ``ServerTelemetry``):
-    counter increases (``deltas``), gauge peaks, the gauge series and the scrapes before/after."""
-
-    available: bool
-    reason: str | None = None
-    engine: str = "unknown"
-    url: str | None = None
-    interval_s: float = 1.0
-    before: MetricsSnapshot | None = None
-    after: MetricsSnapshot | None = None
-    deltas: Mapping[str, float] = field(default_factory=dict)
-    # (t_s, running, waiting, kv_usage) per scrape
-    series: tuple[tuple[float, float | None, float | None, float | None], ...] = ()
-    peaks: Mapping[str, float] = field(default_factory=dict)
-    scrapes: int = 0
-    failed_scrapes: int = 0
-    counter_resets: tuple[str, ...] = ()
-
-    def to_json_dict(self) -> dict[str, object]:
-        return {
-            "available": self.available, "reason": self.reason, "engine": self.engine, "url": self.url,
-            "interval_s": self.interval_s,
-            "before": self.before.to_json_dict() if self.before else None,
-            "after": self.after.to_json_dict() if self.after else None,
-            "deltas": dict(self.deltas), "series": [list(p) for p in self.series], "peaks": dict(self.peaks),
-            "scrapes": self.scrapes, "failed_scrapes": self.failed_scrapes, "counter_resets": list(self.counter_resets),
-        }
-
-    @classmethod
-    def read(cls, reader: JsonReader) -> ServerMetricsReport:
-        before, after = reader.child("before"), reader.child("after")
-        series = []
-        for i, point in enumerate(reader.array("series")):
-            values = [decode_float(v) for v in point] if isinstance(point, (list, tuple)) else []
-            if len(values) != 4 or values[0] is None:
-                raise ReportFormatError(f"{reader.at('series')}[{i}]: expected [t_s, running, waiting, kv_usage]")
-            series.append((values[0], values[1], values[2], values[3]))
-        return cls(
-            available=reader.flag("available"), reason=reader.opt_text("reason"),
-            engine=reader.opt_text("engine") or "unknown", url=reader.opt_text("url"),
-            interval_s=reader.number("interval_s", 1.0),
-            before=MetricsSnapshot.read(before) if before else None,
-            after=MetricsSnapshot.read(after) if after else None,
-            deltas=reader.number_map("deltas"), series=tuple(series), peaks=reader.number_map("peaks"),
-            scrapes=reader.integer("scrapes", 0), failed_scrapes=reader.integer("failed_scrapes", 0),
-            counter_resets=reader.strings("counter_resets"),
-        )
-
-
-@dataclass(frozen=True)
-class GpuDeviceReport:
-    """One GPU over a trial (telemetry's ``GpuDeviceStats``); None where NVML could not read it."""
-
-    index: int
-    name: str
-    memory_total_bytes: int | None = None
-    memory_used_peak_bytes: int | None = None
-    utilization_mean_pct: float | None = None
-    utilization_max_pct: float | None = None
-    sm_clock_min_mhz: float | None = None
-    sm_clock_mean_mhz: float | None = None
-    power_mean_w: float | None = None
-    power_max_w: float | None = None
-    energy_j: float | None = None
-    temperature_mean_c: float | None = None
-    temperature_max_c: float | None = None
-    clock_event_reasons: tuple[str, ...] = ()
-    throttle_reasons: tuple[str, ...] = ()
-    samples: int = 0
-
-    def to_json_dict(self) -> dict[str, object]:
-        out: dict[str, object] = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        out["clock_event_reasons"] = list(self.clock_event_reasons)
-        out["throttle_reasons"] = list(self.throttle_reasons)
-        return out
-
-    @classmethod
-    def read(cls, reader: JsonReader) -> GpuDeviceReport:
-        floats = {name: reader.opt_number(name) for name in (
-            "utilization_mean_pct", "utilization_max_pct", "sm_clock_min_mhz", "sm_clock_mean_mhz", "power_mean_w",
-            "power_max_w", "energy_j", "temperature_mean_c", "temperature_max_c")}
-        return cls(index=reader.integer("index"), name=reader.text("name"),
-                   memory_total_bytes=reader.opt_integer("memory_total_bytes"),
-                   memory_used_peak_bytes=reader.opt_integer("memory_used_peak_bytes"),
-                   clock_event_reasons=reader.strings("clock_event_reasons"),
-                   throttle_reasons=reader.strings("throttle_reasons"), samples=reader.integer("samples", 0),
-                   **floats)
-
-
-@dataclass(frozen=True)
-class GpuReport:
-    """GPU telemetry over one trial (telemetry's ``GpuTelemetry``): totals over all devices and
-    each device; ``available`` False (with ``reason``) where NVML could not be read."""
-
-    available: bool
-    reason: str | None = None
-    interval_s: float = 0.5
-    duration_s: float | None = None
-    energy_j: float | None = None
-    power_mean_w: float | None = None
-    power_max_w: float | None = None
-    throttled: bool = False
-    throttle_reasons: tuple[str, ...] = ()
-    devices: tuple[GpuDeviceReport, ...] = ()
-
-    def to_json_dict(self) -> dict[str, object]:
-        return {
-            "available": self.available, "reason": self.reason, "interval_s": self.interval_s,
-            "duration_s": self.duration_s, "energy_j": self.energy_j, "power_mean_w": self.power_mean_w,
-            "power_max_w": self.power_max_w, "throttled": self.throttled,
-            "throttle_reasons": list(self.throttle_reasons), "devices": [d.to_json_dict() for d in self.devices],
-        }
-
-    @classmethod
-    def read(cls, reader: JsonReader) -> GpuReport:
-        return cls(
-            available=reader.flag("available"), reason=reader.opt_text("reason"),
-            interval_s=reader.number("interval_s", 0.5), duration_s=reader.opt_number("duration_s"),
-            energy_j=reader.opt_number("energy_j"), power_mean_w=reader.opt_number("power_mean_w"),
-            power_max_w=reader.opt_number("power_max_w"), throttled=reader.flag("throttled", False),
-            throttle_reasons=reader.strings("throttle_reasons"),
-            devices=tuple(GpuDeviceReport.read(d) for d in reader.objects("devices")),
-        )
-
-
 # ---------------------------------------------------------------------- runs
 
 
@@ -494,8 +351,8 @@ class RunReport:
     summary: Summary | None = None
     cache_check: CacheCheck | None = None
     # per trial, None where not sampled; empty when not recorded at all
-    telemetry: tuple[ServerMetricsReport | None, ...] = ()
-    gpu: tuple[GpuReport | None, ...] = ()
+    telemetry: tuple[ServerTelemetry | None, ...] = ()
+    gpu: tuple[GpuTelemetry | None, ...] = ()
     slo_checks: tuple[SLOCheck, ...] = ()
     verdicts: tuple[Comparison, ...] = ()
     allowed_diffs: tuple[str, ...] = ()
@@ -541,8 +398,8 @@ class RunReport:
             "summary": self.summary.to_dict() if self.summary is not None else None,
             "cache_check": self.cache_check.to_dict() if self.cache_check is not None else None,
             # null when not recorded (a capacity search, a run read back from llmperf.json by compare)
-            "telemetry": [t.to_json_dict() if t is not None else None for t in self.telemetry] or None,
-            "gpu": [g.to_json_dict() if g is not None else None for g in self.gpu] or None,
+            "telemetry": [t.to_dict() if t is not None else None for t in self.telemetry] or None,
+            "gpu": [g.to_dict() if g is not None else None for g in self.gpu] or None,
             "slo_checks": [c.to_dict() for c in self.slo_checks],
             "slo_passed": self.slo_passed,
             "verdicts": [v.to_dict() for v in self.verdicts],
@@ -563,9 +420,8 @@ class RunReport:
             workload=reader.recorded("workload"), fingerprint=reader.recorded("fingerprint"),
             slo=reader.slo("slo"), summary=reader.summary("summary"),
             cache_check=_cache_check(reader.child("cache_check")),
-            telemetry=tuple(None if t is None else ServerMetricsReport.read(t)
-                            for t in reader.children("telemetry")),
-            gpu=tuple(None if g is None else GpuReport.read(g) for g in reader.children("gpu")),
+            telemetry=reader.recorded_list("telemetry", ServerTelemetry),
+            gpu=reader.recorded_list("gpu", GpuTelemetry),
             trials=tuple(TrialReport.read(t) for t in reader.objects("trials")),
         )
 
@@ -847,7 +703,7 @@ def run_names(doc: ReportDocument) -> dict[str, str]:
 
 
 __all__ = [
-    "OUTCOMES", "SCHEMA_VERSION", "BaselineReport", "GpuDeviceReport", "GpuReport", "JsonReader", "LaunchReport",
-    "MetricsSnapshot", "RecordedJson", "ReferenceReport", "ReportDocument", "ReportFormatError",
-    "RunReport", "ServerMetricsReport", "ServerReport", "TestReport", "TrialReport", "run_names",
+    "OUTCOMES", "SCHEMA_VERSION", "BaselineReport", "JsonReader", "LaunchReport",
+    "RecordedJson", "ReferenceReport", "ReportDocument", "ReportFormatError",
+    "RunReport", "ServerReport", "TestReport", "TrialReport", "run_names",
 ]
