@@ -76,6 +76,7 @@ from pytest_llmperf.baseline.sessions import (
 )
 from pytest_llmperf.errors import InputError
 from pytest_llmperf.formatting import fmt_pct
+from pytest_llmperf.run_key import RunKey
 from pytest_llmperf.stats import (
     DEFAULT_ALPHA,
     DEFAULT_TOLERANCE,
@@ -104,11 +105,6 @@ SPOT_SHARE, GLOBAL_SHARE, SPECIFIC_SHARE = 6, 6, 3
 
 # What an A/B session compares on purpose: shown as allowed differences, never refused.
 AB_EXPECTED_DIFFS = ("engine", "engine_version", "sim_preset", "gpu_name", "gpu_count", "gpu_driver", "extra")
-
-
-def node_of(key: str) -> str:
-    """The pytest node id of a run key ``<node id>#<index>``."""
-    return key.rsplit("#", 1)[0]
 
 
 @dataclass
@@ -240,7 +236,7 @@ class GateSession:
         """Fix the family size from the baseline's runs whose test ``in_session(node id)``."""
         m = 0
         for key, entries in self.baseline.items():
-            if entries and not is_capacity(entries[0]) and in_session(node_of(key)):
+            if entries and not is_capacity(entries[0]) and in_session(RunKey.parse(key).nodeid):
                 m += len(entry_gated_stats(entries[0]))
         self.family_size = max(1, m)
         return self.family_size
@@ -503,10 +499,11 @@ class GateSession:
         candidate's trials too."""
         lines = []
         for key, entries in self.baseline.items():
-            if not entries or is_capacity(entries[0]) or not in_session(node_of(key)):
+            run_key = RunKey.parse(key)
+            if not entries or is_capacity(entries[0]) or not in_session(run_key.nodeid):
                 continue
             entry = entries[0]
-            name = node_of(key).split("::")[-1]
+            name = run_key.test_name
             short = shortened(entry, duration_scale)
             for g in entry_gated_stats(entry):
                 model = self.model.stats.get((key, g.key)) if self.model is not None else None
@@ -683,4 +680,4 @@ def bisect_status(runs: Sequence[RunComparison], *, ungated: bool = False) -> tu
 
 
 __all__ = ["AB_EXPECTED_DIFFS", "BISECT_ABORT", "BISECT_BAD", "BISECT_GOOD", "BISECT_SKIP", "GateSession", "GateSettings",
-           "bisect_status", "node_of"]
+           "bisect_status"]

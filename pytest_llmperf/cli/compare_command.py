@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_llmperf.baseline.compare import RunComparison, headline
-from pytest_llmperf.baseline.gate import BISECT_ABORT, GateSession, GateSettings, bisect_status, node_of
+from pytest_llmperf.baseline.gate import BISECT_ABORT, GateSession, GateSettings, bisect_status
 from pytest_llmperf.baseline.history import open_baseline, run_entries
 from pytest_llmperf.baseline.sessions import PRIOR_SESSION_CV
 from pytest_llmperf.baseline.store import (
@@ -44,6 +44,7 @@ from pytest_llmperf.fingerprint import FingerprintError, FingerprintMismatch
 from pytest_llmperf.objectives import SLOError
 from pytest_llmperf.provenance import Provenance
 from pytest_llmperf.report.terminal import verdict_lines
+from pytest_llmperf.run_key import RunKey
 from pytest_llmperf.stats import DEFAULT_ALPHA, DEFAULT_TOLERANCE, Comparison
 
 if TYPE_CHECKING:
@@ -225,7 +226,7 @@ def compare_runs(
     gate = GateSession.from_sessions(sessions, GateSettings(tolerance=tolerance, alpha=alpha, allow=tuple(allow),
                                                             strict=strict), session_ids=ids,
                                      prior_session_cv=prior_session_cv)
-    tests = {node_of(k) for k in candidate.entries}
+    tests = {RunKey.parse(k).nodeid for k in candidate.entries}
     try:
         gate.plan(lambda nodeid: nodeid in tests)
     except SLOError as exc:
@@ -284,7 +285,7 @@ def report_document(result: CompareResult, baseline: RunSource, candidate: RunSo
     outcomes: dict[str, str] = {}
     gate_errors: dict[str, str] = dict(result.not_comparable)
     for key in candidate.entries:
-        nodeid = key.rsplit("#", 1)[0]
+        nodeid = RunKey.parse(key).nodeid
         failed = key in comparisons and bool(comparisons[key].regressions(result.strict))
         failed = failed or key in result.not_comparable
         if result.strict and key in result.only_candidate:

@@ -40,6 +40,7 @@ from pytest_llmperf.baseline.schema import entry_gated_stats, is_capacity
 from pytest_llmperf.baseline.store import BaselineCorrupt, BaselineTooNew, StoreError
 from pytest_llmperf.defaults import DEFAULT_HISTORY
 from pytest_llmperf.provenance import CommitRange, Provenance
+from pytest_llmperf.run_key import RunKey
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -158,9 +159,7 @@ class StatHistory:
     @property
     def test(self) -> str:
         """The test's name and, past the first run of the test, the run index: ``test_chat #1``."""
-        nodeid, _, index = self.key.rpartition("#")
-        name = (nodeid or self.key).split("::")[-1]
-        return name if index in ("", "0") else f"{name} #{index}"
+        return RunKey.parse(self.key).short
 
     @property
     def setups(self) -> int:
@@ -379,7 +378,7 @@ def _geomean(values: Sequence[float]) -> float:
 def _replay_verdicts(data: SiteData, count: int, history: int) -> None:
     """The gate's verdicts on each of the newest ``count`` sessions against the ``history``
     sessions before it (those after the newest rebase marker before it)."""
-    from pytest_llmperf.baseline.gate import GateSession, GateSettings, node_of
+    from pytest_llmperf.baseline.gate import GateSession, GateSettings
 
     by_name = {(h.key, h.stat): h for h in data.stats}
     rebases = [i for i, _ in data.rebases]
@@ -393,7 +392,7 @@ def _replay_verdicts(data: SiteData, count: int, history: int) -> None:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 gate = GateSession.from_sessions(before, GateSettings())
-                gate.plan({node_of(k) for k in s.tests}.__contains__)
+                gate.plan({RunKey.parse(k).nodeid for k in s.tests}.__contains__)
                 for key, entry in s.tests.items():
                     if key in gate.baseline and not is_capacity(entry):
                         try:

@@ -118,6 +118,7 @@ def unjudgeable(entries: Any) -> list[str]:
     """The saved statistics whose trials are too small to judge (said when the baseline is saved)."""
     from pytest_llmperf.baseline.compare import precision_floor
     from pytest_llmperf.baseline.schema import entry_gated_stats, is_capacity
+    from pytest_llmperf.run_key import RunKey
 
     out = []
     for key, entry in entries.items():
@@ -126,5 +127,5 @@ def unjudgeable(entries: Any) -> list[str]:
         for g in entry_gated_stats(entry):
             floor = precision_floor(entry, g)
             if floor is not None:
-                out.append(f"{key.rsplit('#', 1)[0].split('::')[-1]}: {floor}")
+                out.append(f"{RunKey.parse(key).test_name}: {floor}")
     return out

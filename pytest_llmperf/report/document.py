@@ -20,6 +20,7 @@ from pytest_llmperf.report.model import (
     TestReport,
     TrialReport,
 )
+from pytest_llmperf.run_key import RunKey
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -74,7 +75,7 @@ def build_document(
         comparison = comparisons[key] if key in comparisons else None
         base_entries = list(baseline[key]) if key in baseline else []
         base_summary, base_trials = _baseline_side(key, base_entries[0]) if base_entries else (None, ())
-        runs.setdefault(key.rsplit("#", 1)[0], []).append(dataclasses.replace(
+        runs.setdefault(RunKey.parse(key).nodeid, []).append(dataclasses.replace(
             run,
             slo_checks=tuple(slo_checks[key]) if key in slo_checks else (),
             verdicts=tuple(comparison.comparisons) if comparison is not None else (),
