@@ -32,12 +32,16 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from pytest_llmperf.baseline.gate import GateSession, GateSettings
 from pytest_llmperf.baseline.synthetic import NoiseModel, synthetic_session
 from pytest_llmperf.stats import DEFAULT_TRIALS, Verdict
+
+if TYPE_CHECKING:
+    from pytest_llmperf.baseline.schema import RunEntry
 
 TARGET = ("t.py::test_0#0", "tpot_p50")
 ADAPTIVE_FIRST = 3
@@ -63,7 +67,7 @@ def experiment(seed: int, case: Case) -> tuple[bool, bool, bool, float]:
     per_launch = _trials_per_launch(case.launches)
     effects = dict(case.effects)
 
-    def session(with_effects: bool) -> dict:
+    def session(with_effects: bool) -> dict[str, RunEntry]:
         return synthetic_session(rng, tests=case.tests, launches=case.launches, trials_per_launch=per_launch,
                                  noise=case.noise, effects=effects if with_effects else None)
 
@@ -74,10 +78,10 @@ def experiment(seed: int, case: Case) -> tuple[bool, bool, bool, float]:
     trials = []
     for key, entry in candidate.items():
         if case.launches == 1 and key in gate.baseline:
-            first = dict(entry, trials=entry["trials"][:ADAPTIVE_FIRST])
+            first = entry.model_copy(update={"trials": entry.trials[:ADAPTIVE_FIRST]})
             if gate.stop_early(gate.preview(key, first)):
                 entry = first
-        trials.append(len(entry["trials"]))
+        trials.append(len(entry.trials))
         gate.judge(key, entry)
     gate.finish()
     verdicts = {(r.key, c.name): c.verdict for r in gate.runs for c in r.comparisons}

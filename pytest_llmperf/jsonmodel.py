@@ -11,7 +11,9 @@ of their own (a :class:`~pytest_llmperf.metrics.Summary`, a
 Reading is strict: a number where a string belongs, a string where a number belongs (other than
 the spelled infinities, :data:`JsonNumber`) or ``true`` where a count belongs is an error, not a
 value coerced into something else. Keys a model does not know are ignored, so a file written by a
-newer version that added a field still reads.
+newer version that added a field still reads. Values built in code are checked too, but leniently
+(a numpy scalar becomes the Python number it holds), since a measured run must not fail at its
+end over a ``numpy.bool_``.
 
 A failed check raises the error class the caller names (a corrupt saved run, a malformed report),
 one of this package's exception tree, with the source and the JSON path of each problem:
@@ -20,9 +22,18 @@ one of this package's exception tree, with the source and the JSON path of each 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainSerializer, PlainValidator, ValidationError
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    PlainSerializer,
+    PlainValidator,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    model_serializer,
+)
 
 from pytest_llmperf.errors import InputError, LLMPerfError
 from pytest_llmperf.jsonio import INF, NEG_INF
@@ -38,9 +49,21 @@ _MAX_PROBLEMS = 5
 
 
 class JsonModel(BaseModel):
-    """A value read from and written to JSON: frozen, checked strictly, unknown keys ignored."""
+    """A value read from and written to JSON: frozen, unknown keys ignored, read strictly
+    (:func:`validate`)."""
 
-    model_config = ConfigDict(frozen=True, strict=True, extra="ignore")
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    # Optional fields written only when set (as the files of earlier versions had them: absent).
+    omit_when_none: ClassVar[tuple[str, ...]] = ()
+
+    @model_serializer(mode="wrap")
+    def _written(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        for name in self.omit_when_none:
+            if data.get(name, 0) is None:
+                del data[name]
+        return data
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form as plain data (floats as floats: :mod:`pytest_llmperf.jsonio` spells
@@ -57,7 +80,7 @@ def validate(cls: type[M], data: object, *, source: str = "", error: type[LLMPer
     """``data`` (parsed JSON) as a ``cls``, every field checked. A problem raises ``error``
     (default :class:`~pytest_llmperf.errors.InputError`) naming ``source`` and each field's path."""
     try:
-        return cls.model_validate(data)
+        return cls.model_validate(data, strict=True)
     except ValidationError as exc:
         raise (error or InputError)(describe(exc, source)) from None
 
@@ -133,9 +156,9 @@ def read_with(cls: type[D], parse: Callable[[Any], D]) -> PlainValidator:
         try:
             return parse(value)
         except (KeyError, TypeError) as exc:
-            raise ValueError(f"not a valid {cls.__name__}: {type(exc).__name__}: {exc}") from None
+            raise InputError(f"not a valid {cls.__name__}: {type(exc).__name__}: {exc}") from None
         except ValueError as exc:
-            raise ValueError(f"not a valid {cls.__name__}: {exc}") from None
+            raise InputError(f"not a valid {cls.__name__}: {exc}") from None
 
     return PlainValidator(check)
 

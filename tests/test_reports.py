@@ -73,7 +73,7 @@ def make_trials(rng, ttft_ms, tpot_ms, *, n=150, trials=3, failed=2):
 
 def pooled(trials, name):
     from pytest_llmperf.baseline.samples import unpack_samples
-    return np.concatenate([unpack_samples(t["samples"][name]) for t in trials])
+    return np.concatenate([unpack_samples(t.samples[name]) for t in trials])
 
 
 def make_entry(label_workload, slo, trials, *, goodput_rps=14.0, invalid=()):
@@ -103,7 +103,7 @@ def build(with_baseline=True):
         baseline[key] = [base_entry]
         checks[key] = check(Summary.from_dict(summary.to_dict()), slo)
         if verdicts is not None:
-            comparisons[key] = RunComparison(key, entry["label"], comparisons=verdicts, allowed_diffs=list(allowed))
+            comparisons[key] = RunComparison(key, entry.label, comparisons=verdicts, allowed_diffs=list(allowed))
 
     add(f"{CHAT}[cold]#0", Workload(input_tokens=128, output_tokens=32, rate_rps=4, num_requests=150), chat_slo,
         26.0, 20.0, [

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from pytest_llmperf import jsonio
-from pytest_llmperf.baseline.history import DEFAULT_HISTORY, load_history, session_provenance, session_tests
+from pytest_llmperf.baseline.history import DEFAULT_HISTORY, load_history
 from pytest_llmperf.baseline.store import DEFAULT_ROOT, BaselineStore, RebaseMarkDict, StoreError
 from pytest_llmperf.cli.options import add_shared_argument
 from pytest_llmperf.errors import pytest_flag
@@ -99,7 +99,7 @@ def noise_report(history: History) -> NoiseReport:
     from pytest_llmperf.baseline.gate import GateSession
     from pytest_llmperf.baseline.sessions import MIN_SESSIONS, PRIOR_SESSION_CV, cv_of
 
-    gate = GateSession.from_sessions([session_tests(run) for run in history.runs],
+    gate = GateSession.from_sessions([run.session.tests for run in history.runs],
                                      session_ids=[run.run_id for run in history.runs])
     model = gate.model
     stats: list[NoiseStat] = []
@@ -230,7 +230,7 @@ def _span(history: History) -> str:
     """`` (commits 0123456789 .. abcdef0123)``: the oldest and newest session's commits, when recorded."""
     if not history.runs:
         return ""
-    oldest, newest = session_provenance(history.runs[-1]), session_provenance(history.runs[0])
+    oldest, newest = history.runs[-1].session.provenance, history.runs[0].session.provenance
     if (oldest is None or oldest.commit is None) and (newest is None or newest.commit is None):
         return ""
     ends = [p.short if p is not None and p.commit else "?" for p in (oldest, newest)]

@@ -22,7 +22,7 @@ from pytest_llmperf.baseline.gate import (
     bisect_status,
 )
 from pytest_llmperf.baseline.history import open_baseline
-from pytest_llmperf.baseline.schema import gated_stats, session_document
+from pytest_llmperf.baseline.schema import gated_stats, parse_entry, session_document
 from pytest_llmperf.baseline.store import BaselineMissing, BaselineStore, StoreError, StoreWarning, validate_name
 from pytest_llmperf.errors import pytest_flag
 from pytest_llmperf.fingerprint import FingerprintMismatch
@@ -280,7 +280,7 @@ class LLMPerfSession:
         if not baseline.sessions:
             return  # rebased, and no session saved since: no baseline yet
         self._baseline_source = str(baseline.newest.path)
-        self._baseline_provenance = Provenance.from_dict(baseline.newest.run.get("provenance"))
+        self._baseline_provenance = baseline.newest.session.provenance
         self._gate = GateSession.from_sessions(baseline.sessions, settings, session_ids=baseline.session_ids,
                                                prior_session_cv=opts.session_cv)
         self._gate.plan(lambda nodeid: nodeid in selected_tests)
@@ -411,7 +411,7 @@ class LLMPerfSession:
         if not self._baselines_prepared:
             self.prepare_baselines(set(payload.get("selected") or ()))
         for key, entry in (payload.get("entries") or {}).items():
-            self.record(key, entry)
+            self.record(key, parse_entry(entry, source=f"xdist worker's entry {key!r}"))
         for key, checks in (payload.get("slo_checks") or {}).items():
             self._slo_checks[key] = [SLOCheck(**c) for c in checks]
         self._outcomes.update(payload.get("outcomes") or {})

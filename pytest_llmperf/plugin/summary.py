@@ -117,14 +117,14 @@ def _write_verdicts(tr: Any, session: LLMPerfSession) -> None:
 def unjudgeable(entries: Any) -> list[str]:
     """The saved statistics whose trials are too small to judge (said when the baseline is saved)."""
     from pytest_llmperf.baseline.compare import precision_floor
-    from pytest_llmperf.baseline.schema import entry_gated_stats, is_capacity
+    from pytest_llmperf.baseline.schema import is_capacity
     from pytest_llmperf.run_key import RunKey
 
     out = []
     for key, entry in entries.items():
         if is_capacity(entry):
             continue
-        for g in entry_gated_stats(entry):
+        for g in entry.gated_stats():
             floor = precision_floor(entry, g)
             if floor is not None:
                 out.append(f"{RunKey.parse(key).test_name}: {floor}")

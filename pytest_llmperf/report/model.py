@@ -22,15 +22,18 @@ Shape::
                                           reference: ReferenceReport | None (A/B: label, launches,
                                           server, stopped); kind "reference" (A/B) or "stored"
       tests      (TestReport, ...)        nodeid, name, outcome (passed|failed|error|skipped|unknown)
-        runs     (RunReport, ...)         key (<nodeid>#<i>), label, workload and fingerprint (as
-                                          recorded), slo: SLO, summary: Summary, cache_check: CacheCheck,
+        runs     (RunReport, ...)         key (<nodeid>#<i>), label, workload (as recorded),
+                                          fingerprint: Fingerprint, slo: SLO, summary: Summary,
+                                          cache_check: CacheCheck,
                                           telemetry: ServerTelemetry per trial, gpu: GpuTelemetry per
                                           trial (both pytest_llmperf.telemetry_data),
                                           slo_checks: SLOCheck, verdicts: Comparison, allowed_diffs,
                                           gate_error, baseline_summary: Summary; derived: slo_passed,
                                           fails(strict), invalid_reasons
-          trials, baseline_trials (TrialReport, ...)  index, launch, started_at, window_s, censored,
-                                          stats {gated statistic: value}, samples, timeslices: Timeslices
+          trials, baseline_trials (SavedTrial, ...)  the saved trials themselves
+                                          (pytest_llmperf.baseline.schema): index, launch, started_at,
+                                          window_s, censored, stats {gated statistic: value}, samples,
+                                          timeslices: Timeslices
 
 ``samples`` are packed arrays (see :func:`pytest_llmperf.baseline.samples.pack_samples`);
 ``llmperf.json`` drops them (:meth:`ReportDocument.without_samples`) to stay small and diffable, the
@@ -46,8 +49,11 @@ derived ``counts``, ``headline``, ``slo_passed`` and ``baseline.kind``, with dom
 own ``to_dict`` form; a run's ``telemetry`` and ``gpu`` are null when not recorded.
 :meth:`ReportDocument.from_json_dict` reads it back: the one place external report JSON is parsed,
 each part by its ``read`` classmethod through a :class:`JsonReader`, whose errors name the JSON path
-(:class:`ReportFormatError`); :func:`~pytest_llmperf.report.document.build_document` reads saved
-run entries the same way. ``from_json_dict(to_json_dict(m)) == m`` (up to NaN, which equals nothing).
+(:class:`ReportFormatError`); the values a run shares with a saved entry (trials, summary, SLO,
+fingerprint, cache check, telemetry) are read by their own typed parsers
+(:mod:`pytest_llmperf.baseline.schema`, :mod:`pytest_llmperf.jsonmodel`).
+:func:`~pytest_llmperf.report.document.build_document` takes saved entries already typed (read once,
+where they were loaded) and parses nothing. ``from_json_dict(to_json_dict(m)) == m`` (up to NaN, which equals nothing).
 Floats stay Python floats in ``to_json_dict`` (NaN, ±inf): :func:`pytest_llmperf.report.writers.to_json`
 makes strict JSON of them (NaN as null, ±inf as ``"inf"``/``"-inf"``, which ``read`` accepts).
 """
@@ -58,12 +64,14 @@ import dataclasses
 import numbers
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeVar
+from dataclasses import dataclass
+from typing import TypeVar
 
 from pytest_llmperf._version import __version__
+from pytest_llmperf.baseline.schema import CapacityEntry, RunEntry, SavedTrial
 from pytest_llmperf.cache_check import CacheCheck
 from pytest_llmperf.errors import InputError
+from pytest_llmperf.fingerprint import Fingerprint
 from pytest_llmperf.jsonio import decode_float
 from pytest_llmperf.jsonmodel import JsonModel
 from pytest_llmperf.metrics import Summary
@@ -71,10 +79,6 @@ from pytest_llmperf.objectives import SLO, SLOCheck
 from pytest_llmperf.provenance import Provenance
 from pytest_llmperf.stats import VERDICTS, Comparison, headline_from_counts
 from pytest_llmperf.telemetry_data import GpuTelemetry, ServerTelemetry
-from pytest_llmperf.timeslices import Timeslices
-
-if TYPE_CHECKING:
-    from pytest_llmperf.baseline.samples import PackedSamples
 
 T = TypeVar("T")
 M = TypeVar("M", bound=JsonModel)
@@ -82,8 +86,8 @@ M = TypeVar("M", bound=JsonModel)
 SCHEMA_VERSION = 1
 OUTCOMES = ("passed", "failed", "error", "skipped", "unknown")
 
-# A JSON object the report carries as it was recorded (a run's workload, its fingerprint) and does
-# not interpret; ``object`` values make a reader check what it finds.
+# A JSON object the report carries as it was recorded (a run's workload) and does not interpret;
+# ``object`` values make a reader check what it finds.
 RecordedJson = Mapping[str, object]
 
 
@@ -211,6 +215,11 @@ class JsonReader:
         return tuple(None if item is None else cls.from_dict(item, source=f"{self.at(key)}[{i}]", error=ReportFormatError)
                      for i, item in enumerate(self.array(key)))
 
+    def trials(self, key: str) -> tuple[SavedTrial, ...]:
+        """An array of saved trials (:class:`~pytest_llmperf.baseline.schema.SavedTrial`)."""
+        return tuple(SavedTrial.from_dict(item, source=f"{self.at(key)}[{i}]", error=ReportFormatError)
+                     for i, item in enumerate(self.array(key)))
+
     def recorded(self, key: str) -> RecordedJson | None:
         """A JSON object carried as recorded (null stays None)."""
         value = self.value(key)
@@ -275,67 +284,7 @@ def _slo_check(reader: JsonReader) -> SLOCheck:
     )
 
 
-def _cache_check(reader: JsonReader | None) -> CacheCheck | None:
-    if reader is None:
-        return None
-    return CacheCheck(expected=reader.text("expected"), held=reader.opt_flag("held"),
-                      source=reader.opt_text("source") or "unavailable", hit_tokens=reader.opt_number("hit_tokens"),
-                      query_tokens=reader.opt_number("query_tokens"), message=reader.opt_text("message") or "")
-
-
-def _packed(reader: JsonReader) -> PackedSamples:
-    shape = []
-    for size in reader.array("shape"):
-        if isinstance(size, bool) or not isinstance(size, int):
-            raise ReportFormatError(f"{reader.at('shape')}: expected an array of integers, got {_kind(size)}")
-        shape.append(size)
-    return {"codec": reader.text("codec"), "dtype": reader.text("dtype"), "shape": shape, "data": reader.text("data")}
-
-
 # ---------------------------------------------------------------------- runs
-
-
-@dataclass(frozen=True)
-class TrialReport:
-    """One trial of a run: its gated statistics (``inf`` where failures push a percentile
-    beyond every successful request; None where undefined), the per-request samples the plots
-    draw, and its timeslices."""
-
-    index: int
-    window_s: float
-    stats: Mapping[str, float | None] = field(default_factory=dict)
-    launch: int = 0  # which server launch (A/B: block) measured it, 0-based
-    started_at: str | None = None
-    censored: bool = False  # latency stats count failed requests as +inf (False in older trials)
-    samples: Mapping[str, PackedSamples] = field(default_factory=dict)
-    timeslices: Timeslices | None = None
-
-    def to_json_dict(self, *, samples: bool = True) -> dict[str, object]:
-        out: dict[str, object] = {
-            "index": self.index, "launch": self.launch, "started_at": self.started_at, "window_s": self.window_s,
-            "censored": self.censored, "stats": dict(self.stats),
-        }
-        if samples and self.samples:
-            out["samples"] = {k: dict(v) for k, v in self.samples.items()}
-        if self.timeslices is not None:
-            out["timeslices"] = self.timeslices.to_dict()
-        return out
-
-    @classmethod
-    def read(cls, reader: JsonReader) -> TrialReport:
-        stats = reader.child("stats")
-        samples = reader.child("samples")
-        timeslices = reader.value("timeslices")
-        parsed = None if timeslices is None else _parsed(
-            "timeslices", reader.at("timeslices"), Timeslices.from_dict, timeslices)
-        return cls(
-            index=reader.integer("index"), window_s=reader.number("window_s"),
-            stats={} if stats is None else {k: stats.opt_number(k) for k in stats.data},
-            launch=reader.opt_integer("launch") or 0,
-            started_at=reader.opt_text("started_at"), censored=bool(reader.opt_flag("censored")),
-            samples={} if samples is None else {k: _packed(JsonReader(v, samples.at(k))) for k, v in samples.data.items()},
-            timeslices=parsed,
-        )
 
 
 @dataclass(frozen=True)
@@ -346,7 +295,7 @@ class RunReport:
     key: str
     label: str
     workload: RecordedJson | None = None
-    fingerprint: RecordedJson | None = None
+    fingerprint: Fingerprint | None = None
     slo: SLO | None = None
     summary: Summary | None = None
     cache_check: CacheCheck | None = None
@@ -358,8 +307,8 @@ class RunReport:
     allowed_diffs: tuple[str, ...] = ()
     gate_error: str | None = None
     baseline_summary: Summary | None = None
-    trials: tuple[TrialReport, ...] = ()
-    baseline_trials: tuple[TrialReport, ...] = ()
+    trials: tuple[SavedTrial, ...] = ()
+    baseline_trials: tuple[SavedTrial, ...] = ()
 
     @property
     def slo_passed(self) -> bool | None:
@@ -386,14 +335,14 @@ class RunReport:
 
     def without_samples(self) -> RunReport:
         return dataclasses.replace(
-            self, trials=tuple(dataclasses.replace(t, samples={}) for t in self.trials),
-            baseline_trials=tuple(dataclasses.replace(t, samples={}) for t in self.baseline_trials))
+            self, trials=tuple(t.model_copy(update={"samples": {}}) for t in self.trials),
+            baseline_trials=tuple(t.model_copy(update={"samples": {}}) for t in self.baseline_trials))
 
     def to_json_dict(self, *, samples: bool = True) -> dict[str, object]:
         return {
             "key": self.key, "label": self.label,
             "workload": dict(self.workload) if self.workload is not None else None,
-            "fingerprint": dict(self.fingerprint) if self.fingerprint is not None else None,
+            "fingerprint": self.fingerprint.to_dict() if self.fingerprint is not None else None,
             "slo": self.slo.to_dict() if self.slo is not None else None,
             "summary": self.summary.to_dict() if self.summary is not None else None,
             "cache_check": self.cache_check.to_dict() if self.cache_check is not None else None,
@@ -411,29 +360,42 @@ class RunReport:
         }
 
     @classmethod
-    def recorded(cls, key: str, reader: JsonReader) -> RunReport:
-        """A run with what it recorded about itself, read from a saved entry
-        (``baseline.schema.SavedEntry``) or a report's run; no SLO checks, verdicts or baseline."""
-        label = reader.value("label", key)
+    def recorded(cls, key: str, entry: RunEntry | CapacityEntry) -> RunReport:
+        """A run with what it recorded about itself, from its saved entry (typed already); no SLO
+        checks, verdicts or baseline."""
+        run = entry if isinstance(entry, RunEntry) else None
         return cls(
-            key=key, label=str(label) if label is not None else key,
-            workload=reader.recorded("workload"), fingerprint=reader.recorded("fingerprint"),
-            slo=reader.slo("slo"), summary=reader.summary("summary"),
-            cache_check=_cache_check(reader.child("cache_check")),
-            telemetry=reader.recorded_list("telemetry", ServerTelemetry),
-            gpu=reader.recorded_list("gpu", GpuTelemetry),
-            trials=tuple(TrialReport.read(t) for t in reader.objects("trials")),
+            key=key, label=entry.label if entry.label is not None else key,
+            workload=run.workload if run is not None else None, fingerprint=entry.fingerprint, slo=entry.slo,
+            summary=entry.summary, cache_check=run.cache_check if run is not None else None,
+            telemetry=tuple(run.telemetry) if run is not None else (), gpu=tuple(run.gpu) if run is not None else (),
+            trials=tuple(entry.trials),
         )
 
     @classmethod
     def read(cls, reader: JsonReader) -> RunReport:
-        return dataclasses.replace(
-            cls.recorded(reader.text("key"), reader),
+        """A run of a report document (:meth:`to_json_dict`); a null ``telemetry`` or ``gpu`` was
+        not recorded."""
+        key = reader.text("key")
+        label = reader.value("label", key)
+        fingerprint = reader.value("fingerprint")
+        cache_check = reader.value("cache_check")
+        return cls(
+            key=key, label=str(label) if label is not None else key,
+            workload=reader.recorded("workload"),
+            fingerprint=None if fingerprint is None else _parsed("fingerprint", reader.at("fingerprint"),
+                                                               Fingerprint.from_dict, fingerprint),
+            slo=reader.slo("slo"), summary=reader.summary("summary"),
+            cache_check=None if cache_check is None else CacheCheck.from_dict(
+                cache_check, source=reader.at("cache_check"), error=ReportFormatError),
+            telemetry=reader.recorded_list("telemetry", ServerTelemetry),
+            gpu=reader.recorded_list("gpu", GpuTelemetry),
+            trials=reader.trials("trials"),
             slo_checks=tuple(_slo_check(c) for c in reader.objects("slo_checks")),
             verdicts=tuple(_comparison(v) for v in reader.objects("verdicts")),
             allowed_diffs=reader.strings("allowed_diffs"), gate_error=reader.opt_text("gate_error"),
             baseline_summary=reader.summary("baseline_summary"),
-            baseline_trials=tuple(TrialReport.read(t) for t in reader.objects("baseline_trials")),
+            baseline_trials=reader.trials("baseline_trials"),
         )
 
 
@@ -705,5 +667,5 @@ def run_names(doc: ReportDocument) -> dict[str, str]:
 __all__ = [
     "OUTCOMES", "SCHEMA_VERSION", "BaselineReport", "JsonReader", "LaunchReport",
     "RecordedJson", "ReferenceReport", "ReportDocument", "ReportFormatError",
-    "RunReport", "ServerReport", "TestReport", "TrialReport", "run_names",
+    "RunReport", "ServerReport", "TestReport", "run_names",
 ]
