@@ -230,7 +230,11 @@ def compare_runs(
     not_comparable: dict[str, str] = {}
     for key in common:
         try:
-            gate.judge(key, candidate.entries[key])
+            if gate.judge(key, candidate.entries[key]) is None:
+                # One side's entry is a capacity search, the other's a run: an llmperf.json report
+                # keeps a search as a run without its result, so there is nothing to judge it by.
+                not_comparable[key] = ("not comparable: a capacity search on one side, a test run on the other "
+                                       "(an llmperf.json report does not keep a search's result; compare saved runs)")
         except FingerprintMismatch as exc:
             not_comparable[key] = f"not comparable: {exc.render(cli_flag)}"
         except FingerprintError as exc:
