@@ -122,7 +122,7 @@ class RunResult:
 @dataclass(frozen=True)
 class PooledGpu:
     """Several trials' GPU telemetry as one (:func:`pooled_gpu`): what :func:`with_gpu` reads of a
-    :class:`~pytest_llmperf.telemetry.gpu.GpuTelemetry`."""
+    :class:`~pytest_llmperf.telemetry_data.GpuTelemetry`."""
 
     available: bool
     energy_j: float | None  # None unless every trial measured it
