@@ -99,6 +99,8 @@ def _path(loc: tuple[int | str, ...]) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
+        elif part == "[key]":  # the mapping's key itself, not a value under it
+            out += " (its key)"
         elif part.startswith(("function-", "kind=")):
             # pydantic's own steps through a validator or a tagged union, not keys of the document
             continue

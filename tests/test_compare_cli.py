@@ -280,7 +280,7 @@ def test_malformed_entries_exit_2(runs, capsys, tmp_path):
     for edit, needle in ((no_fingerprint, rf"{key}\.fingerprint: missing"),
                          (no_stats, rf"{key}\.trials\[0\]\.stats: missing; {key}\.trials\[1\]\.stats: missing"),
                          (text_for_a_number, rf"{key}\.trials\[1\]\.stats\.tpot_p50: expected a number, got 'fast'"),
-                         (not_a_key, r"'test_chat\.py::test_chat' is not a run key")):
+                         (not_a_key, r"tests\['test_chat\.py::test_chat'\] \(its key\): 'test_chat\.py::test_chat' is not a run key")):
         cand = _plain_json(runs, "aa", tmp_path, edit)
         code, _, err = _compare(capsys, "main", cand, "--store", runs / "store")
         assert code == 2
