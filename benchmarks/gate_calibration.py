@@ -42,6 +42,7 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -49,6 +50,9 @@ from pytest_llmperf.baseline.gate import GateSession, GateSettings
 from pytest_llmperf.baseline.plan import Costs, Layout, Spread, plan_session
 from pytest_llmperf.baseline.synthetic import NoiseModel, synthetic_session
 from pytest_llmperf.stats import DEFAULT_TRIALS, Verdict
+
+if TYPE_CHECKING:
+    from pytest_llmperf.baseline.schema import RunEntry
 
 TARGET = ("t.py::test_0#0", "tpot_p50")
 ADAPTIVE_FIRST = 3
@@ -89,7 +93,7 @@ def experiment(seed: int, case: Case) -> tuple[bool, bool, bool, float, float, f
     effects = dict(case.effects)
     main = main_layout(case)
 
-    def session(layout: Layout, with_effects: bool) -> dict:
+    def session(layout: Layout, with_effects: bool) -> dict[str, RunEntry]:
         return synthetic_session(rng, tests=case.tests, launches=layout.launches,
                                  trials_per_launch=layout.trials_per_launch, noise=case.noise,
                                  effects=effects if with_effects else None)
@@ -108,10 +112,10 @@ def experiment(seed: int, case: Case) -> tuple[bool, bool, bool, float, float, f
     trials = []
     for key, entry in candidate.items():
         if not case.plan and case.launches == 1 and key in gate.baseline:
-            first = dict(entry, trials=entry["trials"][:ADAPTIVE_FIRST])
+            first = entry.model_copy(update={"trials": entry.trials[:ADAPTIVE_FIRST]})
             if gate.stop_early(gate.preview(key, first)):
                 entry = first
-        trials.append(len(entry["trials"]))
+        trials.append(len(entry.trials))
         gate.judge(key, entry)
     gate.finish()
     verdicts = {(r.key, c.name): c.verdict for r in gate.runs for c in r.comparisons}
@@ -123,7 +127,7 @@ def experiment(seed: int, case: Case) -> tuple[bool, bool, bool, float, float, f
     return red, strict, caught, mean_trials, float(pr.launches), gpu_min
 
 
-def plan_costs_floor(history: list[dict]) -> int:
+def plan_costs_floor(history: list[dict[str, RunEntry]]) -> int:
     """The trials main's runs need to be judgeable (baseline.plan.min_trials), as plan_costs reads them."""
     from pytest_llmperf.baseline.plan import min_trials
 

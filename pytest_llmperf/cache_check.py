@@ -19,15 +19,15 @@ Two more expectations use the same evidence:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING
 
+from pytest_llmperf.jsonmodel import JsonModel, JsonNumber
 from pytest_llmperf.records import PHASE_MEASURE, RequestRecord
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from pytest_llmperf.telemetry.server_metrics import ServerTelemetry
+    from pytest_llmperf.telemetry_data import ServerTelemetry
 
 # A warm run is expected to serve at least this share of its prompt tokens from the cache; real
 # engines cache in blocks and evict, so asking for ~all would cry wolf.
@@ -37,29 +37,15 @@ WARM_MIN_HIT_RATE = 0.2
 COLD_MAX_HIT_RATE = 0.1
 
 
-class CacheCheckDict(TypedDict):
-    """:meth:`CacheCheck.to_dict`."""
+class CacheCheck(JsonModel):
+    """Whether a run's cache expectation held, and the evidence (its JSON form: ``to_dict()``)."""
 
-    expected: str
-    held: bool | None
-    source: str
-    hit_tokens: float | None
-    query_tokens: float | None
-    message: str
-
-
-@dataclass(frozen=True)
-class CacheCheck:
-    expected: str  # "cold" | "warm"
+    expected: str  # "cold" | "warm" | "hit rate 60%" | "conversation"
     held: bool | None  # None: could not be verified
-    source: str  # "server metrics" | "usage.cached_tokens" | "unavailable"
-    hit_tokens: float | None = None
-    query_tokens: float | None = None
+    source: str = "unavailable"  # "server metrics" | "usage.cached_tokens" | "unavailable"
+    hit_tokens: JsonNumber | None = None
+    query_tokens: JsonNumber | None = None
     message: str = ""
-
-    def to_dict(self) -> CacheCheckDict:
-        return {"expected": self.expected, "held": self.held, "source": self.source, "hit_tokens": self.hit_tokens,
-                "query_tokens": self.query_tokens, "message": self.message}
 
 
 HIT_TARGET_TOLERANCE = 0.05
@@ -98,7 +84,7 @@ def verify_hit_rate(target: float, telemetry: Sequence[ServerTelemetry | None],
     label = f"hit rate {target:.0%}"
     found = _measured_rate(telemetry, records, prefer_records=True)
     if found is None:
-        return CacheCheck(label, None, "unavailable", message=f"cache_hit_target {target:.0%} unverified: the server "
+        return CacheCheck(expected=label, held=None, message=f"cache_hit_target {target:.0%} unverified: the server "
                           "exposes no prefix-cache counters and reports no cached_tokens")
     hits, queries, source = found
     rate = hits / queries if queries else 0.0
@@ -106,7 +92,7 @@ def verify_hit_rate(target: float, telemetry: Sequence[ServerTelemetry | None],
     message = "" if held else (
         f"cache_hit_target {target:.0%} missed: measured {rate:.1%} ({hits:.0f} of {queries:.0f} prompt tokens "
         f"cached, {source}), more than {HIT_TARGET_TOLERANCE * 100:.0f} points away")
-    return CacheCheck(label, held, source, hits, queries, message)
+    return CacheCheck(expected=label, held=held, source=source, hit_tokens=hits, query_tokens=queries, message=message)
 
 
 def expected_conversation_hits(records: Sequence[RequestRecord], block_tokens: int) -> tuple[float, float]:
@@ -135,7 +121,7 @@ def verify_conversation(telemetry: Sequence[ServerTelemetry | None], records: Se
     want = expected / total if total else 0.0
     found = _measured_rate(telemetry, records)
     if found is None:
-        return CacheCheck("conversation", None, "unavailable", message="conversation cache hits unverified: the "
+        return CacheCheck(expected="conversation", held=None, message="conversation cache hits unverified: the "
                           "server exposes no prefix-cache counters and reports no cached_tokens")
     hits, queries, source = found
     rate = hits / queries if queries else 0.0
@@ -149,7 +135,8 @@ def verify_conversation(telemetry: Sequence[ServerTelemetry | None], records: Se
         if missed > 0.1 * len(later):
             held = False
             message = f"{missed} of {len(later)} follow-up turns got no cached token (usage.cached_tokens)"
-    return CacheCheck("conversation", held, source, hits, queries, message)
+    return CacheCheck(expected="conversation", held=held, source=source, hit_tokens=hits, query_tokens=queries,
+                      message=message)
 
 
 def verify(expected: str, telemetry: Sequence[ServerTelemetry | None], records: Sequence[RequestRecord],
@@ -170,7 +157,7 @@ def verify(expected: str, telemetry: Sequence[ServerTelemetry | None], records: 
     else:
         cached = [r.cached_tokens for r in records if r.ok and r.phase == PHASE_MEASURE]
         if not cached or all(c is None for c in cached):
-            return CacheCheck(expected, None, "unavailable",
+            return CacheCheck(expected=expected, held=None,
                               message=f"{expected} cache state unverified: the server exposes no prefix-cache "
                                       "counters and reports no cached_tokens")
         hits = float(sum(c or 0 for c in cached))
@@ -188,4 +175,5 @@ def verify(expected: str, telemetry: Sequence[ServerTelemetry | None], records: 
         message = "" if held else (
             f"warm run barely used the prefix cache: {rate:.0%} of prompt tokens cached ({source}); "
             "is prefix caching enabled on the server?")
-    return CacheCheck(expected, held, source, hits, queries, message)
+    return CacheCheck(expected=expected, held=held, source=source, hit_tokens=hits, query_tokens=queries,
+                      message=message)

@@ -27,14 +27,15 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pytest_llmperf.errors import InputError
+from pytest_llmperf.jsonmodel import JsonModel, JsonNumber
 from pytest_llmperf.records import PHASE_MEASURE, RequestRecord
-from pytest_llmperf.workload import Workload, WorkloadDict
+from pytest_llmperf.workload import Workload
 
 if TYPE_CHECKING:
     from pytest_llmperf.metrics import Summary
@@ -47,78 +48,37 @@ class CapacityError(InputError):
     """Capacity search parameters that cannot work; the message names the parameter."""
 
 
-class CapacityStepDict(TypedDict):
-    """:meth:`CapacityStep.to_dict`."""
-
-    rate_rps: float
-    passed: bool
-    reason: str
-    requests: int
-    completed: int
-    attainment: float
-    goodput_rps: float
-    throughput_rps: float
-    backlog_growth_rps: float
-    overloaded: bool
-    ttft_p95_s: float | None
-    tpot_p95_s: float | None
-    itl_p95_s: float | None
-    e2e_p95_s: float | None
-    window_s: float
-
-
-class CapacityResultDict(TypedDict):
-    """:meth:`CapacityResult.to_dict`, what a saved capacity entry holds."""
-
-    capacity_rps: float | None
-    first_failing_rps: float | None
-    slo_attainment: float
-    converged: bool
-    workload: WorkloadDict | dict[str, object]
-    steps: list[CapacityStepDict]
-
-
-@dataclass(frozen=True)
-class CapacityStep:
+class CapacityStep(JsonModel):
     """One rate tried during the search."""
 
-    rate_rps: float
+    rate_rps: JsonNumber
     passed: bool
     reason: str
     requests: int
     completed: int
-    attainment: float
-    goodput_rps: float
-    throughput_rps: float
-    backlog_growth_rps: float
+    attainment: JsonNumber
+    goodput_rps: JsonNumber
+    throughput_rps: JsonNumber
+    backlog_growth_rps: JsonNumber
     overloaded: bool
-    ttft_p95_s: float | None
-    tpot_p95_s: float | None
-    itl_p95_s: float | None
-    e2e_p95_s: float | None
-    window_s: float
-
-    def to_dict(self) -> CapacityStepDict:
-        return {
-            "rate_rps": self.rate_rps, "passed": self.passed, "reason": self.reason, "requests": self.requests,
-            "completed": self.completed, "attainment": self.attainment, "goodput_rps": self.goodput_rps,
-            "throughput_rps": self.throughput_rps, "backlog_growth_rps": self.backlog_growth_rps,
-            "overloaded": self.overloaded, "ttft_p95_s": self.ttft_p95_s, "tpot_p95_s": self.tpot_p95_s,
-            "itl_p95_s": self.itl_p95_s, "e2e_p95_s": self.e2e_p95_s, "window_s": self.window_s,
-        }
+    ttft_p95_s: JsonNumber | None
+    tpot_p95_s: JsonNumber | None
+    itl_p95_s: JsonNumber | None
+    e2e_p95_s: JsonNumber | None
+    window_s: JsonNumber
 
 
-@dataclass
-class CapacityResult:
-    """What a capacity search found. ``capacity_rps`` is None when even the lowest rate failed."""
+class CapacityResult(JsonModel):
+    """What a capacity search found. ``capacity_rps`` is None when even the lowest rate failed.
+    Its JSON form (``to_dict()``) is what a saved capacity entry holds."""
 
-    capacity_rps: float | None
-    first_failing_rps: float | None
-    slo_attainment: float
-    steps: list[CapacityStep] = field(default_factory=list)
-    # The searched workload (Workload.to_dict); empty for a result built without one.
-    workload: WorkloadDict | dict[str, object] = field(default_factory=dict)
+    capacity_rps: JsonNumber | None
+    first_failing_rps: JsonNumber | None
+    slo_attainment: JsonNumber
     converged: bool = False
+    # The searched workload (Workload.to_dict), as recorded; empty for a result built without one.
+    workload: dict[str, Any] = {}
+    steps: list[CapacityStep] = []
 
     @property
     def curve(self) -> list[CapacityStep]:
@@ -133,16 +93,6 @@ class CapacityResult:
     def gated_stats(self) -> dict[str, float]:
         """Statistics a baseline comparison can gate (higher is better for every one)."""
         return {} if self.capacity_rps is None else {"capacity_rps": self.capacity_rps}
-
-    def to_dict(self) -> CapacityResultDict:
-        return {
-            "capacity_rps": self.capacity_rps,
-            "first_failing_rps": self.first_failing_rps,
-            "slo_attainment": self.slo_attainment,
-            "converged": self.converged,
-            "workload": self.workload,
-            "steps": [s.to_dict() for s in self.steps],
-        }
 
     def describe(self) -> str:
         if self.capacity_rps is None:
@@ -204,7 +154,7 @@ def judge_step(rate_rps: float, summary: Summary, records: list[RequestRecord], 
         goodput_rps=summary.goodput_rps,
         throughput_rps=summary.request_throughput_rps,
         backlog_growth_rps=slope,
-        overloaded=overloaded,
+        overloaded=bool(overloaded),
         ttft_p95_s=summary.ttft_s.p95,
         tpot_p95_s=summary.tpot_s.p95,
         itl_p95_s=summary.itl_s.p95,
@@ -298,7 +248,7 @@ def search(workload: Workload, run_step: RunStep, plan: SearchPlan, *,
             hi = rate if hi is None else min(hi, rate)
     converged = lo is not None and hi is not None and (hi - lo) / lo <= plan.precision
     return CapacityResult(capacity_rps=lo, first_failing_rps=hi, slo_attainment=plan.slo_attainment,
-                          steps=steps, workload=workload.to_dict(), converged=converged)
+                          steps=steps, workload=dict(workload.to_dict()), converged=converged)
 
 
 def default_attainment(slo: SLO | None, given: float | None) -> float:

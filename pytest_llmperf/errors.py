@@ -6,6 +6,10 @@
 - Everything else is a failure of the world the tool measures (a server that would not start, a
   baseline file that is corrupt, a store that refuses writes): the message says what failed and,
   where one exists, the next step.
+- The baseline store's errors live here too, below :class:`StoreError`: every layer that reads a
+  saved run (the store, the typed saved-run schema, packed samples) raises the same
+  :class:`BaselineCorrupt` for a file that cannot be read back, naming the file and, for a wrong
+  shape, the JSON path of each problem.
 
 Library messages never name command-line flags: the plugin and the CLI add those when they
 report an error, since only they know how the value was given.
@@ -69,4 +73,26 @@ class LLMPerfWarning(UserWarning):
     """Base of pytest-llmperf's warnings (a skipped corrupt history file, a suspicious timing)."""
 
 
-__all__ = ["InputError", "LLMPerfError", "LLMPerfWarning"]
+class StoreError(LLMPerfError):
+    """The baseline store cannot do what was asked; the message names the file or directory."""
+
+
+class BaselineMissing(StoreError):
+    """No saved run under that name (or run id)."""
+
+
+class BaselineCorrupt(StoreError):
+    """A saved file that cannot be read back (truncated gzip, bad JSON, wrong shape); the message
+    names the file and, for a wrong shape, the JSON path of each problem."""
+
+
+class BaselineTooNew(StoreError):
+    """A file written by a newer plugin with a schema this version does not understand."""
+
+
+class StoreWarning(LLMPerfWarning):
+    """Something in the store needs the user's attention but did not stop the operation."""
+
+
+__all__ = ["BaselineCorrupt", "BaselineMissing", "BaselineTooNew", "InputError", "LLMPerfError", "LLMPerfWarning",
+           "StoreError", "StoreWarning"]

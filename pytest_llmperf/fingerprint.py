@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 from pytest_llmperf.errors import InputError, LLMPerfError
 
 if TYPE_CHECKING:
-    from pytest_llmperf.telemetry.gpu import GpuInventory
+    from pytest_llmperf.telemetry_data import GpuInventory
 
 # Fields holding a mapping are stored as canonical (sorted-key) JSON text so the dataclass stays
 # hashable and two fingerprints compare equal whatever order the mapping was built in.

@@ -169,14 +169,6 @@ DistributionKey = Literal["ttft_s", "ttfvt_s", "tpot_s", "itl_s", "e2e_s"]
 DISTRIBUTION_KEYS: tuple[DistributionKey, ...] = ("ttft_s", "ttfvt_s", "tpot_s", "itl_s", "e2e_s")
 
 
-def saved_distribution(summary: SummaryDict, metric: str | None) -> DistributionDict | None:
-    """The distribution of ``metric`` (``"ttft_s"``...) in a saved summary; None when it has none."""
-    for key in DISTRIBUTION_KEYS:
-        if key == metric:
-            return summary.get(key)
-    return None
-
-
 @dataclass(frozen=True)
 class Distribution:
     """Summary statistics of one metric's samples, in seconds.

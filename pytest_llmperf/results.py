@@ -24,8 +24,7 @@ if TYPE_CHECKING:
 
     from pytest_llmperf.cache_check import CacheCheck
     from pytest_llmperf.objectives import SLO, SLOCheck
-    from pytest_llmperf.telemetry.gpu import GpuTelemetry
-    from pytest_llmperf.telemetry.server_metrics import ServerTelemetry
+    from pytest_llmperf.telemetry_data import GpuTelemetry, ServerTelemetry
     from pytest_llmperf.timeslices import Timeslices
     from pytest_llmperf.workload import Workload
 
@@ -123,7 +122,7 @@ class RunResult:
 @dataclass(frozen=True)
 class PooledGpu:
     """Several trials' GPU telemetry as one (:func:`pooled_gpu`): what :func:`with_gpu` reads of a
-    :class:`~pytest_llmperf.telemetry.gpu.GpuTelemetry`."""
+    :class:`~pytest_llmperf.telemetry_data.GpuTelemetry`."""
 
     available: bool
     energy_j: float | None  # None unless every trial measured it

@@ -54,7 +54,7 @@ def trial(index: int = 0, *, stats: Mapping[str, JsonFloat], window_s: float = 1
           timeslices: Timeslices | None = None) -> SavedTrial:
     """One saved trial: its gated statistics (``{"ttft_p95": ..., "goodput": ...}``) over ``window_s``."""
     return saved_trial(index=index, window_s=window_s, stats=stats, samples=samples, launch=launch,
-                       started_at=started_at, timeslices=timeslices.to_dict() if timeslices is not None else None)
+                       started_at=started_at, timeslices=timeslices)
 
 
 def entry(trials: Sequence[SavedTrial], *, label: str = "run", fingerprint: Fingerprint = FINGERPRINT,

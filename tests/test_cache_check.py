@@ -1,6 +1,6 @@
 from pytest_llmperf.cache_check import verify
 from pytest_llmperf.records import RequestRecord
-from pytest_llmperf.telemetry.server_metrics import ServerTelemetry
+from pytest_llmperf.telemetry_data import ServerTelemetry
 
 
 def _tel(hits, queries):

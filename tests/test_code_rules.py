@@ -32,9 +32,10 @@ def test_layer_contracts_hold():
 
 
 def test_no_module_cycle_even_through_annotations():
-    """The contracts read the imports that run; imports for annotations only (under
-    ``TYPE_CHECKING``) follow the layers too: no module of the package reaches itself through
-    imports of any kind (a strongly connected component of more than one module is a cycle)."""
+    """The contracts read imports for annotations only (under ``TYPE_CHECKING``) too, but only
+    between the modules they name; this reads the whole graph the same way: no module of the
+    package reaches itself through imports of any kind (a strongly connected component of more
+    than one module is a cycle)."""
     import grimp  # comes with import-linter
 
     graph = grimp.build_graph("pytest_llmperf", exclude_type_checking_imports=False, cache_dir=None)

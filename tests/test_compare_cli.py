@@ -53,7 +53,7 @@ def runs(tmp_path_factory):
         store.save(name, session_document({KEY: entry}))
     report = root / "report-slow" / "llmperf.json"
     report.parent.mkdir()
-    report.write_text(to_json(build_document(store.latest("slow").run["tests"])))
+    report.write_text(to_json(build_document(store.latest("slow").session.tests)))
     return root
 
 
@@ -261,19 +261,32 @@ def test_history_uses_older_runs_of_the_baseline_name(runs, capsys, tmp_path):
 
 
 def test_malformed_entries_exit_2(runs, capsys, tmp_path):
+    """A file of the wrong shape is refused when it is read, naming the file and each field's
+    JSON path, before anything is judged."""
     def no_fingerprint(run):
-        del run["tests"]["test_chat.py::test_chat#0"]["fingerprint"]
+        del run["tests"][KEY]["fingerprint"]
 
     def no_stats(run):
-        for trial in run["tests"]["test_chat.py::test_chat#0"]["trials"]:
+        for trial in run["tests"][KEY]["trials"]:
             del trial["stats"]
 
-    for edit, needle in ((no_fingerprint, "no 'fingerprint' object"), (no_stats, "malformed run entry")):
+    def text_for_a_number(run):
+        run["tests"][KEY]["trials"][1]["stats"]["tpot_p50"] = "fast"
+
+    def not_a_key(run):
+        run["tests"]["test_chat.py::test_chat"] = run["tests"].pop(KEY)
+
+    key = re.escape(f"tests['{KEY}']")
+    for edit, needle in ((no_fingerprint, rf"{key}\.fingerprint: missing"),
+                         (no_stats, rf"{key}\.trials\[0\]\.stats: missing; {key}\.trials\[1\]\.stats: missing"),
+                         (text_for_a_number, rf"{key}\.trials\[1\]\.stats\.tpot_p50: expected a number, got 'fast'"),
+                         (not_a_key, r"tests\['test_chat\.py::test_chat'\] \(its key\): 'test_chat\.py::test_chat' is not a run key")):
         cand = _plain_json(runs, "aa", tmp_path, edit)
         code, _, err = _compare(capsys, "main", cand, "--store", runs / "store")
         assert code == 2
         line = _one_line_error(err)
-        assert needle in line and "test_chat.py::test_chat#0" in line
+        assert re.search(needle, line), line
+        assert line.startswith(f"llmperf compare: error: {cand}: ")
 
 
 def _tpot(js) -> dict:

@@ -13,7 +13,8 @@ import pytest
 from memtransport import Answer, mock_client
 
 from pytest_llmperf.baseline.compare import compare_entries
-from pytest_llmperf.baseline.schema import gated_stats, measured_extras
+from pytest_llmperf.baseline.gated import gated_stats, measured_extras
+from pytest_llmperf.baseline.schema import RunEntry
 from pytest_llmperf.kind_check import kind_problems
 from pytest_llmperf.load import runner as runner_module
 from pytest_llmperf.load.loadgen import new_record
@@ -256,10 +257,11 @@ def _entry(invalid, checked, trials=2):
     summary = summarize(_records([True] * checked), window_s=(0.0, 4.0)).to_dict()
     summary.update(invalid_answers=invalid, answers_checked=checked, invalid_rate=invalid / checked)
     summary["validity"].update(valid=True, reasons=[])
-    return {"label": "t", "fingerprint": {"engine": "sim", "model": "m"}, "summary": summary, "slo": None,
-            "trials": [{"index": i, "window_s": 4.0, "censored": True, "stats": {"goodput": 1.0, "error_rate": 0.0,
-                                                                                "invalid_rate": invalid / checked},
-                        "samples": {}} for i in range(trials)]}
+    return RunEntry.from_dict({
+        "label": "t", "fingerprint": {"engine": "sim", "model": "m"}, "summary": summary, "slo": None,
+        "trials": [{"index": i, "window_s": 4.0, "censored": True,
+                    "stats": {"goodput": 1.0, "error_rate": 0.0, "invalid_rate": invalid / checked},
+                    "samples": {}} for i in range(trials)]})
 
 
 def test_the_invalid_rate_is_gated_as_counts():

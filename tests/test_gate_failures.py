@@ -13,7 +13,9 @@ import saved
 
 from pytest_llmperf.baseline.compare import compare_entries, trial_stat
 from pytest_llmperf.baseline.gate import GateSession
-from pytest_llmperf.baseline.schema import GatedStat, gated_stats
+from pytest_llmperf.baseline.gated import GatedStat, gated_stats
+from pytest_llmperf.baseline.schema import SavedTrial, saved_entry
+from pytest_llmperf.fingerprint import Fingerprint
 from pytest_llmperf.metrics import censored_percentile, censored_stat, summarize
 from pytest_llmperf.objectives import SLO, check
 from pytest_llmperf.records import RequestRecord
@@ -133,7 +135,7 @@ def test_trials_mode_percentile_beyond_every_success_is_capped_and_regresses():
     slo = SLO.parse({"ttft_p95": 1.0})
     base = _entry([_trial_records(s) for s in range(4)], slo)
     cand = _entry([_trial_records(s + 10, fail_slowest=0.08) for s in range(4)], slo)
-    assert all(t["stats"]["ttft_p95"] == math.inf for t in cand["trials"])
+    assert all(t.stats["ttft_p95"] == math.inf for t in cand.trials)
     comp = next(c for c in compare_entries("t#0", [base], cand, tolerance=0.05, alpha=0.05).comparisons
                 if c.name == "ttft_p95")
     assert comp.verdict is Verdict.REGRESSED
@@ -147,10 +149,12 @@ def test_trials_mode_percentile_beyond_every_success_is_capped_and_regresses():
 def test_old_baseline_trials_are_recomputed_with_failures_from_samples():
     slo = SLO.parse({"ttft_p95": 1.0})
     entry = _entry([_trial_records(3, fail_slowest=0.04)], slo)
-    trial = dict(entry["trials"][0])
-    censored = trial["stats"]["ttft_p95"]
-    del trial["censored"]
-    trial["stats"] = dict(trial["stats"], ttft_p95=0.1)  # what an older version stored
+    as_saved = entry.trials[0].to_dict()
+    censored = as_saved["stats"]["ttft_p95"]
+    del as_saved["censored"]
+    as_saved["stats"] = dict(as_saved["stats"], ttft_p95=0.1)  # what an older version stored
+    trial = SavedTrial.from_dict(as_saved)
+    assert not trial.censored  # absent: saved before failures counted
     g = GatedStat("ttft_p95", "ttft_s", "p95", False, "s")
     assert trial_stat(trial, g) == pytest.approx(censored, rel=1e-5)
 
@@ -179,7 +183,8 @@ def test_error_rate_counts():
 def test_error_rate_is_gated_for_every_run_and_counted_in_the_family():
     assert [g.key for g in gated_stats(None)] == ["goodput", "error_rate"]
     slo = SLO.parse({"ttft_p95": 1.0})
-    gate = GateSession({"a.py::t#0": [{"slo": slo.to_dict()}]})
+    gate = GateSession({"a.py::t#0": [saved_entry(label="t", fingerprint=Fingerprint(), trials=[], summary=None,
+                                                  slo=slo)]})
     assert gate.plan(lambda node: True) == 3
 
 
@@ -195,7 +200,7 @@ def test_latency_of_every_request_type_is_gated():
     types = ("chat", "rag")
     base = _entry([_trial_records(s, types=types) for s in range(6)], slo, (rag, chat))
     cand = _entry([_trial_records(s + 10, types=types, slow_type="rag") for s in range(6)], slo, (rag, chat))
-    assert "rag:ttft_p95" in cand["trials"][0]["stats"]
+    assert "rag:ttft_p95" in cand.trials[0].stats
     verdicts = _verdicts(compare_entries("t#0", [base], cand, tolerance=0.05, alpha=0.05, family_size=5))
     assert verdicts["rag:ttft_p95"] is Verdict.REGRESSED
     assert verdicts["chat:ttft_p50"] is not Verdict.REGRESSED

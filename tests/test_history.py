@@ -104,7 +104,7 @@ def test_noise_report_is_the_gates_model_and_suggests_the_median_session_cv(tmp_
     store = _store(tmp_path, [0.007] * 8, seed=3)
     assert cli_main(["history", "main", "--store", str(store.root), "--noise", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    gate = GateSession.from_sessions([r.run["tests"] for r in load_history(store, "main").runs])
+    gate = GateSession.from_sessions([r.session.tests for r in load_history(store, "main").runs])
     assert doc["sessions"] == gate.model.sessions == 8 and doc["rebased"] is None
     rows = {row["stat"]: row for row in doc["stats"]}
     assert set(rows) == {"tpot_p50", "goodput"} and all(row["key"] == KEY for row in rows.values())

@@ -15,7 +15,6 @@ import pytest
 
 from pytest_llmperf import jsonio
 from pytest_llmperf.baseline.compare import trial_stat
-from pytest_llmperf.baseline.schema import entry_gated_stats
 from pytest_llmperf.baseline.store import BaselineStore
 from pytest_llmperf.baseline.synthetic import synthetic_session
 from pytest_llmperf.cli.compare_command import compare_runs, load_side
@@ -93,8 +92,9 @@ def test_the_store_writes_strict_json(tmp_path):
 
 
 def _entries():
-    """Two synthetic runs whose first trial lost requests: its ttft_p95 is +inf (censored)."""
-    entries = synthetic_session(np.random.default_rng(7), tests=2, trials_per_launch=3)
+    """The JSON of two synthetic runs whose first trial lost requests: its ttft_p95 is +inf (censored)."""
+    entries = {key: entry.to_dict() for key, entry in
+               synthetic_session(np.random.default_rng(7), tests=2, trials_per_launch=3).items()}
     for entry in entries.values():
         entry["trials"][0]["stats"]["ttft_p95"] = math.inf
     return entries
@@ -103,8 +103,8 @@ def _entries():
 def _inf_trials(source) -> list[float]:
     out = []
     for entry in source.entries.values():
-        g = next(g for g in entry_gated_stats(entry) if g.key == "ttft_p95")
-        out.append(trial_stat(entry["trials"][0], g))
+        g = next(g for g in entry.gated_stats() if g.key == "ttft_p95")
+        out.append(trial_stat(entry.trials[0], g))
     return out
 
 

@@ -106,7 +106,7 @@ def _trial(index: int, launch: int = 0) -> TrialResult:
 
 def test_saved_trials_and_sessions_record_their_launch():
     assert _trial(0).launch == 0  # a trial of a session of one launch
-    assert trial_entry(_trial(0, launch=2), None)["launch"] == 2
+    assert trial_entry(_trial(0, launch=2), None).launch == 2
     run = RunResult(workload=Workload(input_tokens=8, output_tokens=4, rate_rps=1, num_requests=1), model="m", base_url="u",
                     trials=[_trial(0), _trial(1)], summary=summarize([], window_s=(0.0, 1.0)), token_model={})
     first, second = at_launch(run, 0), at_launch(run, 1)
@@ -114,8 +114,8 @@ def test_saved_trials_and_sessions_record_their_launch():
     # Launch order kept, indices continued: trial i of the merged run is the i-th trial measured.
     assert [(t.index, t.launch) for t in merged.trials] == [(0, 0), (1, 0), (2, 1), (3, 1)]
     doc = session_document({}, [1.25, 2.5])
-    assert doc["launches"] == {"count": 2, "startup_s": [1.25, 2.5]}
-    assert "launches" not in session_document({})  # a server given by URL: no launch record
+    assert doc.launches == doc.to_dict()["launches"] == {"count": 2, "startup_s": [1.25, 2.5]}
+    assert "launches" not in session_document({}).to_dict()  # a server given by URL: no launch record
 
 
 # ---------------------------------------------------------------------------- whole sessions

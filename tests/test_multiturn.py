@@ -11,7 +11,7 @@ from pytest_llmperf.cache_check import verify_hit_rate
 from pytest_llmperf.load.arrivals import ramped
 from pytest_llmperf.load.loadgen import LoadGenerator
 from pytest_llmperf.records import PHASE_MEASURE, PreparedRequest, RequestRecord
-from pytest_llmperf.telemetry.server_metrics import ServerTelemetry
+from pytest_llmperf.telemetry_data import ServerTelemetry
 from pytest_llmperf.traffic.conversations import ConversationSpec
 from pytest_llmperf.workload import WorkloadError
 

@@ -16,11 +16,12 @@ pytest.importorskip("matplotlib")
 
 from pytest_llmperf.baseline.history import StatSeries  # noqa: E402
 from pytest_llmperf.baseline.samples import pack_samples  # noqa: E402
+from pytest_llmperf.baseline.schema import SavedTrial  # noqa: E402
 from pytest_llmperf.metrics import summarize  # noqa: E402
 from pytest_llmperf.objectives import SLO  # noqa: E402
 from pytest_llmperf.records import RequestRecord  # noqa: E402
 from pytest_llmperf.report import plots  # noqa: E402
-from pytest_llmperf.report.model import RunReport, TrialReport  # noqa: E402
+from pytest_llmperf.report.model import RunReport  # noqa: E402
 from pytest_llmperf.timeslices import Timeslices  # noqa: E402
 
 # A value drawn closer to an axis's edge than this fraction of the axis is on the frame.
@@ -116,9 +117,9 @@ def _records(latencies) -> list[RequestRecord]:
     return out
 
 
-def _trial(ttft, tpot) -> TrialReport:
+def _trial(ttft, tpot) -> SavedTrial:
     ttft, tpot = np.asarray(ttft, dtype=float), np.asarray(tpot, dtype=float)
-    return TrialReport(index=0, window_s=1.0, samples={"ttft_s": pack_samples(ttft), "tpot_s": pack_samples(tpot)})
+    return SavedTrial(index=0, window_s=1.0, stats={}, samples={"ttft_s": pack_samples(ttft), "tpot_s": pack_samples(tpot)})
 
 
 LATENCY_CASES = {

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import saved
 
-from pytest_llmperf.baseline.history import load_history, session_provenance
+from pytest_llmperf.baseline.history import load_history
 from pytest_llmperf.baseline.schema import session_document
 from pytest_llmperf.baseline.store import BaselineStore
 from pytest_llmperf.cli.main import main as cli_main
@@ -182,8 +182,8 @@ def test_session_documents_carry_it_and_old_ones_read_as_unknown(tmp_path):
     store.save("main", session_document(entries, provenance=Provenance()))  # nothing known: no key
     newest, middle, oldest = store.runs("main")
     assert "provenance" not in store.load(newest.path).run
-    assert session_provenance(store.load(middle.path)) == Provenance(commit=SHA_A, branch="main")
-    assert session_provenance(store.load(oldest.path)) is None
+    assert store.load(middle.path).session.provenance == Provenance(commit=SHA_A, branch="main")
+    assert store.load(oldest.path).session.provenance is None
 
 
 def test_reports_show_the_commit_and_the_baselines(tmp_path):
@@ -274,7 +274,7 @@ def test_a_saved_session_records_its_git_commit_and_a_bad_revision_is_a_usage_er
         assert result.ret == 0, result.stdout.str()
         result.stdout.fnmatch_lines([f"saved baseline 'main': * (commit {sha[:10]} on main*"])
         saved_run = BaselineStore(store).latest("main")
-        prov = session_provenance(saved_run)
+        prov = saved_run.session.provenance
         assert prov is not None and (prov.commit, prov.branch, prov.repository) == (
             sha, "main", "https://github.com/org/suite")
         report = json.loads((tmp_path / "report" / "llmperf.json").read_text())

@@ -73,7 +73,7 @@ def make_trials(rng, ttft_ms, tpot_ms, *, n=150, trials=3, failed=2):
 
 def pooled(trials, name):
     from pytest_llmperf.baseline.samples import unpack_samples
-    return np.concatenate([unpack_samples(t["samples"][name]) for t in trials])
+    return np.concatenate([unpack_samples(t.samples[name]) for t in trials])
 
 
 def make_entry(label_workload, slo, trials, *, goodput_rps=14.0, invalid=()):
@@ -103,7 +103,7 @@ def build(with_baseline=True):
         baseline[key] = [base_entry]
         checks[key] = check(Summary.from_dict(summary.to_dict()), slo)
         if verdicts is not None:
-            comparisons[key] = RunComparison(key, entry["label"], comparisons=verdicts, allowed_diffs=list(allowed))
+            comparisons[key] = RunComparison(key, entry.label, comparisons=verdicts, allowed_diffs=list(allowed))
 
     add(f"{CHAT}[cold]#0", Workload(input_tokens=128, output_tokens=32, rate_rps=4, num_requests=150), chat_slo,
         26.0, 20.0, [
@@ -510,25 +510,36 @@ def test_from_json_dict_names_the_json_path_of_a_problem(doc):
     assert ReportDocument.from_json_dict(ok) == doc.without_samples()
 
 
-def test_telemetry_in_the_model_holds_what_the_telemetry_module_records():
-    """The report cannot import telemetry (layers): its mirror must keep every field."""
-    from pytest_llmperf.report.model import GpuReport, JsonReader, ServerMetricsReport
-    from pytest_llmperf.telemetry.gpu import GpuDeviceStats, GpuTelemetry
-    from pytest_llmperf.telemetry.prometheus import Snapshot
-    from pytest_llmperf.telemetry.server_metrics import SeriesPoint, ServerTelemetry
+def test_telemetry_in_a_report_reads_back_as_recorded():
+    """A run's telemetry and GPU values are the telemetry_data types themselves: what the JSON
+    report holds of them reads back equal, and a malformed one names its JSON path."""
+    from pytest_llmperf import jsonio
+    from pytest_llmperf.report.model import JsonReader, ReportFormatError, RunReport
+    from pytest_llmperf.telemetry_data import (
+        GpuDeviceStats,
+        GpuTelemetry,
+        MetricsSnapshot,
+        SeriesPoint,
+        ServerTelemetry,
+    )
 
     gpu = GpuTelemetry(available=True, duration_s=2.0, power_max_w=700.0, devices=[
         GpuDeviceStats(index=0, name="H100", memory_total_bytes=80 * 2**30, memory_used_peak_bytes=2**30,
                        power_mean_w=650.0, power_max_w=700.0, energy_j=1300.0, temperature_max_c=55.0,
                        sm_clock_min_mhz=1980.0, throttle_reasons=["hw_thermal_slowdown"], samples=4)])
-    for telemetry in (gpu, GpuTelemetry(available=False, reason="no NVML")):
-        data = telemetry.to_dict()
-        assert GpuReport.read(JsonReader(data)).to_json_dict() == data
     server = ServerTelemetry(
-        available=True, engine="vllm", url="http://x/metrics", before=Snapshot(0.0, {"prefix_cache_hits": 1.0}),
-        after=Snapshot(3.0, {"prefix_cache_hits": 9.0}, engine="vllm", raw_count=40),
+        available=True, engine="vllm", url="http://x/metrics",
+        before=MetricsSnapshot(time_s=0.0, values={"prefix_cache_hits": 1.0}),
+        after=MetricsSnapshot(time_s=3.0, values={"prefix_cache_hits": 9.0}, engine="vllm", raw_count=40),
         deltas={"prefix_cache_hits": 8.0}, series=[SeriesPoint(1.0, 3.0, None, 0.5)], peaks={"running": 3.0},
         scrapes=3, counter_resets=["x"])
-    for telemetry in (server, ServerTelemetry(available=False, reason="HTTP 404")):
-        data = json.loads(json.dumps(telemetry.to_dict()))
-        assert ServerMetricsReport.read(JsonReader(data)).to_json_dict() == data
+    run = RunReport(key="t.py::t#0", label="run",
+                    telemetry=(server, ServerTelemetry(available=False, reason="HTTP 404"), None),
+                    gpu=(gpu, GpuTelemetry(available=False, reason="no NVML"), None))
+    data = jsonio.loads(jsonio.dumps(run.to_json_dict()))
+    assert data["gpu"][0]["energy_j"] == 1300.0 and data["gpu"][0]["throttled"] is True  # derived totals written
+    back = RunReport.read(JsonReader(data))
+    assert back.telemetry == run.telemetry and back.gpu == run.gpu
+    data["telemetry"][0]["series"][0][0] = "late"
+    with pytest.raises(ReportFormatError, match=r"\$\.telemetry\[0\]: series\[0\]\[0\]: expected a number, got 'late'"):
+        RunReport.read(JsonReader(data))

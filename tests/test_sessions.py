@@ -15,8 +15,9 @@ import saved
 
 from pytest_llmperf.baseline.compare import precision_floor
 from pytest_llmperf.baseline.gate import GateSession, GateSettings
+from pytest_llmperf.baseline.gated import GatedStat
 from pytest_llmperf.baseline.history import recent_shift
-from pytest_llmperf.baseline.schema import GatedStat
+from pytest_llmperf.baseline.schema import RunEntry
 from pytest_llmperf.baseline.sessions import (
     PRIOR_DF,
     PRIOR_SESSION_CV,
@@ -160,12 +161,18 @@ def test_failed_request_trials_are_judged_with_the_session_model():
     rng = np.random.default_rng(6)
     history = [synthetic_session(rng) for _ in range(5)]
     candidate = synthetic_session(rng, trials_per_launch=6)
-    trials = candidate[KEY]["trials"]
-    trials[0]["stats"]["ttft_p95"] = math.inf
+    measured = candidate[KEY]
+
+    def censored(n: int) -> RunEntry:
+        """The candidate with its first ``n`` trials' ttft_p95 beyond every successful request."""
+        return measured.model_copy(update={"trials": [
+            t.model_copy(update={"stats": {**t.stats, "ttft_p95": math.inf}}) if i < n else t
+            for i, t in enumerate(measured.trials)]})
+
+    candidate[KEY] = censored(1)
     c = _verdicts(_gate(history, candidate))[(KEY, "ttft_p95")]
     assert c.mode == "sessions" and "lower bound" in c.method and c.verdict is not Verdict.REGRESSED
-    for t in trials[:4]:
-        t["stats"]["ttft_p95"] = math.inf
+    candidate[KEY] = censored(4)
     c = _verdicts(_gate(history, candidate))[(KEY, "ttft_p95")]
     assert c.mode == "sessions" and c.verdict is Verdict.REGRESSED and "failed requests" in c.reason
 

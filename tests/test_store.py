@@ -171,7 +171,7 @@ def test_concurrent_saves_lose_nothing(tmp_path):
 def test_pruning_keeps_newest(tmp_path):
     store = BaselineStore(tmp_path, keep=3)
     for i in range(6):
-        store.save("main", {"i": i})
+        store.save("main", {"tests": {}, "i": i})
     assert [s.run["i"] for s in load_history(store, "main").runs] == [5, 4, 3]
     assert len(_files(tmp_path / "baselines" / "main")) == 3
 
@@ -180,13 +180,13 @@ def test_pruning_never_deletes_the_file_just_written(tmp_path):
     store = BaselineStore(tmp_path, keep=2)
     directory = tmp_path / "baselines" / "main"
     for i in range(2):
-        path = store.save("main", {"i": i})
+        path = store.save("main", {"tests": {}, "i": i})
         # Pretend these came from a machine whose clock runs far ahead.
         path.rename(directory / f"2999010{i + 1}T000000000000Z-0000000{i}.json.gz")
-    newest_written = store.save("main", {"i": "now"})
+    newest_written = store.save("main", {"tests": {}, "i": "now"})
     assert newest_written.exists()
     assert len(store.runs("main")) == 2
-    assert store.load(newest_written).run == {"i": "now"}
+    assert store.load(newest_written).run == {"tests": {}, "i": "now"}
 
 
 # ---------------------------------------------------------------------- corruption
@@ -209,7 +209,7 @@ def _corrupt_cases(valid: bytes):
 @pytest.mark.parametrize("case", list(_corrupt_cases(b"x")))
 def test_corrupt_file_errors_name_the_file_and_survive(tmp_path, case):
     store = BaselineStore(tmp_path, keep=1)
-    good = store.save("main", {"v": 1})
+    good = store.save("main", {"tests": {}, "v": 1})
     payload, error, message = _corrupt_cases(good.read_bytes())[case]
     bad = good.parent / "29990101T000000000000Z-deadbeef.json.gz"  # sorts as newest
     bad.write_bytes(payload)
@@ -225,7 +225,7 @@ def test_corrupt_file_errors_name_the_file_and_survive(tmp_path, case):
 
     # A save with keep=1 prunes the old good run but must not touch the corrupt file.
     with pytest.warns(StoreWarning, match="left in place"):
-        newest = store.save("main", {"v": 2})
+        newest = store.save("main", {"tests": {}, "v": 2})
     assert bad.read_bytes() == payload
     assert sorted(_files(bad.parent)) == sorted([bad.name, newest.name])
 
@@ -313,7 +313,7 @@ def test_history_limit_and_fingerprint_match(tmp_path):
     h100 = Fingerprint(engine="vllm", model="m", gpu_name="H100", gpu_count=1)
     a100 = Fingerprint(engine="vllm", model="m", gpu_name="A100", gpu_count=1)
     for i, fp in enumerate([h100, a100, h100, None, h100]):
-        store.save("main", {"i": i, **({"fingerprint": fp.to_dict()} if fp else {})})
+        store.save("main", {"tests": {}, "i": i, **({"fingerprint": fp.to_dict()} if fp else {})})
     assert [s.run["i"] for s in load_history(store, "main").runs] == [4, 3, 2, 1, 0]
     assert [s.run["i"] for s in load_history(store, "main", limit=2).runs] == [4, 3]
     runs = load_history(store, "main").runs
@@ -488,10 +488,10 @@ def test_rebase_starts_the_history_anew_and_deletes_nothing(tmp_path):
     from pytest_llmperf.baseline.history import load_history
 
     store = BaselineStore(tmp_path, keep=None)
-    before = [store.save("main", {"i": i}) for i in range(3)]
+    before = [store.save("main", {"tests": {}, "i": i}) for i in range(3)]
     contents = [p.read_bytes() for p in before]
     mark = store.rebase("main", "new GPU:\n  H100 -> H200")
-    after = store.save("main", {"i": 3})
+    after = store.save("main", {"tests": {}, "i": 3})
 
     history = load_history(store, "main")
     assert [r.run["i"] for r in history.runs] == [3]
@@ -502,12 +502,12 @@ def test_rebase_starts_the_history_anew_and_deletes_nothing(tmp_path):
     # Nothing existing was deleted or rewritten; the marker is no run, and the newest run is still newest.
     assert [p.read_bytes() for p in before] == contents
     assert [e.path for e in store.runs("main")] == [after, *reversed(before)]
-    assert store.latest("main").run == {"i": 3} and store.names() == ["main"]
+    assert store.latest("main").run == {"tests": {}, "i": 3} and store.names() == ["main"]
     doc = json.loads(mark.path.read_text())
     assert doc["kind"] == "pytest-llmperf.rebase" and doc["reason"] == mark.reason
     assert [m.mark_id for m in store.rebases("main")] == [mark.mark_id]
     # limit counts sessions after the marker only
-    store.save("main", {"i": 4})
+    store.save("main", {"tests": {}, "i": 4})
     assert [r.run["i"] for r in load_history(store, "main", limit=5).runs] == [4, 3]
 
 
@@ -515,11 +515,11 @@ def test_the_newest_of_two_rebases_wins(tmp_path):
     from pytest_llmperf.baseline.history import load_history
 
     store = BaselineStore(tmp_path)
-    store.save("main", {"i": 0})
+    store.save("main", {"tests": {}, "i": 0})
     store.rebase("main", "driver 550")
-    store.save("main", {"i": 1})
+    store.save("main", {"tests": {}, "i": 1})
     second = store.rebase("main", "engine 0.7")
-    store.save("main", {"i": 2})
+    store.save("main", {"tests": {}, "i": 2})
     history = load_history(store, "main")
     assert [r.run["i"] for r in history.runs] == [2] and history.rebased.reason == "engine 0.7"
     assert [m.reason for m in store.rebases("main")] == ["engine 0.7", "driver 550"]
@@ -537,7 +537,7 @@ def test_rebase_with_no_session_saved_yet(tmp_path, capsys):
     with pytest.raises(BaselineMissing):
         store.latest("fresh")
     # and one rebased after its sessions, none saved since: empty, said plainly, not an error
-    store.save("main", {"i": 0})
+    store.save("main", {"tests": {}, "i": 0})
     store.rebase("main", "new GPU")
     history = load_history(store, "main")
     assert history.runs == [] and history.rebase_note().endswith("new GPU; 0 session(s) since")
@@ -551,10 +551,10 @@ def test_pruning_never_deletes_a_rebase_marker(tmp_path):
 
     store = BaselineStore(tmp_path, keep=2)
     for i in range(3):
-        store.save("main", {"i": i})
+        store.save("main", {"tests": {}, "i": i})
     mark = store.rebase("main", "new GPU")
     for i in range(3, 6):
-        store.save("main", {"i": i})
+        store.save("main", {"tests": {}, "i": i})
     assert len(store.runs("main")) == 2
     assert mark.path.exists()
     history = load_history(store, "main")
@@ -563,11 +563,11 @@ def test_pruning_never_deletes_a_rebase_marker(tmp_path):
 
 def test_delete_keeps_the_marker_until_the_whole_name_goes(tmp_path):
     store = BaselineStore(tmp_path)
-    run = store.save("main", {"i": 0})
+    run = store.save("main", {"tests": {}, "i": 0})
     mark = store.rebase("main", "new GPU")
     assert store.delete("main", run.name[: -len(".json.gz")]) == 1
     assert mark.path.exists() and store.latest_rebase("main") == mark  # the last run went, the marker stays
-    store.save("main", {"i": 1})
+    store.save("main", {"tests": {}, "i": 1})
     assert store.delete("main") == 1
     assert not mark.path.exists() and store.latest_rebase("main") is None
 
@@ -584,7 +584,7 @@ def test_rebase_needs_a_reason_and_a_valid_name(tmp_path):
 
 def test_interrupted_rebase_leaves_no_marker_and_no_temporary_file(tmp_path, monkeypatch):
     store = BaselineStore(tmp_path)
-    run = store.save("main", {"v": 1})
+    run = store.save("main", {"tests": {}, "v": 1})
 
     def boom(src, dst):
         raise OSError(28, "No space left on device")
@@ -600,9 +600,9 @@ def test_unreadable_marker_still_cuts_the_history_with_a_warning(tmp_path):
     from pytest_llmperf.baseline.history import load_history
 
     store = BaselineStore(tmp_path)
-    store.save("main", {"i": 0})
+    store.save("main", {"tests": {}, "i": 0})
     mark = store.rebase("main", "new GPU")
-    store.save("main", {"i": 1})
+    store.save("main", {"tests": {}, "i": 1})
     mark.path.write_text("{not json")
     with pytest.warns(StoreWarning, match="unreadable rebase marker"):
         history = load_history(store, "main")

@@ -20,8 +20,8 @@ from starlette.routing import Route
 from pytest_llmperf.telemetry import (
     GpuSampler,
     GpuTelemetry,
+    MetricsSnapshot,
     ServerTelemetry,
-    Snapshot,
     TelemetryError,
     TelemetrySampler,
     collect_gpu,
@@ -301,8 +301,8 @@ def test_metrics_url_from_api_base():
 
 
 def test_summarize_counter_reset_and_missing_after():
-    before = Snapshot(0.0, {"generation_tokens": 500.0, "running": 1.0}, "vllm", 2)
-    after = Snapshot(5.0, {"generation_tokens": 120.0, "running": 3.0}, "vllm", 2)
+    before = MetricsSnapshot(time_s=0.0, values={"generation_tokens": 500.0, "running": 1.0}, engine="vllm", raw_count=2)
+    after = MetricsSnapshot(time_s=5.0, values={"generation_tokens": 120.0, "running": 3.0}, engine="vllm", raw_count=2)
     tel = summarize_snapshots(before, [], after)
     # The server restarted: count from zero as Prometheus increase() does, and say so.
     assert tel.deltas == {"generation_tokens": 120.0}

@@ -271,7 +271,7 @@ def test_the_timeslice_plot_is_written_and_says_when_running_waiting_are_not_ava
     assert "not available" in svg and "HTTP 404" in svg and "2 trials end to end" in svg
     # A run without timeslices (an older entry) gets no such figure.
     (run,) = doc.tests[0].runs
-    old = dataclasses.replace(run, trials=tuple(dataclasses.replace(t, timeslices=None) for t in run.trials))
+    old = dataclasses.replace(run, trials=tuple(t.model_copy(update={"timeslices": None}) for t in run.trials))
     assert write_plots(dataclasses.replace(doc, tests=(dataclasses.replace(doc.tests[0], runs=(old,)),)),
                        tmp_path / "old").timeslices == {}
     mpl = __import__("pytest_llmperf.report.plots", fromlist=["_matplotlib"])._matplotlib()

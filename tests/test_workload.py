@@ -268,14 +268,14 @@ def test_the_gates_preview_of_a_smoke_run_shortens_timed_and_counted_workloads_a
     full = saved.entry([saved.trial(stats={"ttft_p95": 0.1}, samples={"ttft_s": pack_samples(np.ones(40))})],
                        workload=workload)
     short = shortened(full, 0.25)
-    assert unpack_samples(short["trials"][0]["samples"]["ttft_s"]).shape == (10,)
+    assert unpack_samples(short.trials[0].samples["ttft_s"]).shape == (10,)
 
 
 def test_the_gates_preview_of_a_smoke_run_keeps_a_closed_loops_wave():
     wave = Workload(input_tokens=64, output_tokens=16, concurrency=8, num_requests=16)
     full = saved.entry([saved.trial(stats={"ttft_p95": 0.1}, samples={"ttft_s": pack_samples(np.ones(16))})],
                        workload=wave)
-    assert unpack_samples(shortened(full, 0.25)["trials"][0]["samples"]["ttft_s"]).shape == (8,)
+    assert unpack_samples(shortened(full, 0.25).trials[0].samples["ttft_s"]).shape == (8,)
     one_wave = Workload(input_tokens=64, output_tokens=16, concurrency=8, num_requests=8)
     entry = saved.entry([saved.trial(stats={"ttft_p95": 0.1})], workload=one_wave)
     assert shortened(entry, 0.25) is entry

@@ -1,6 +1,6 @@
 """Comparing a candidate entry with its baseline entries: the statistics behind every verdict.
 
-Which statistics are gated (:func:`~pytest_llmperf.baseline.schema.gated_stats`): every latency
+Which statistics are gated (:func:`~pytest_llmperf.baseline.gated.gated_stats`): every latency
 threshold of the test's main SLO (``ttft_p95``...), every latency threshold of its per-type SLOs
 (``rag:ttft_p95``, trials mode only: per-request samples carry no type), goodput and the error
 rate. The decision itself lives in :mod:`pytest_llmperf.stats`; this module picks trials mode (at
@@ -13,6 +13,9 @@ Failures count: per-trial latency statistics hold failed and cancelled requests 
 percentile beyond every successful request is +inf); :func:`_compare_trial_values` states how
 such values enter the t-test. Trials saved before this (no ``"censored"`` flag) have their
 statistics recomputed from their samples when they had failures.
+
+Entries are the typed values of :mod:`pytest_llmperf.baseline.schema`, read and checked where
+they were loaded: nothing here parses JSON.
 """
 
 from __future__ import annotations
@@ -25,10 +28,8 @@ from typing import TYPE_CHECKING, TypedDict
 import numpy as np
 
 from pytest_llmperf.baseline.samples import pack_samples, unpack_samples
-from pytest_llmperf.baseline.schema import GatedStat, entry_gated_stats
-from pytest_llmperf.fingerprint import Fingerprint, ensure_comparable
-from pytest_llmperf.jsonio import decode_float
-from pytest_llmperf.metrics import DISTRIBUTION_KEYS, censored_percentile, saved_distribution
+from pytest_llmperf.fingerprint import ensure_comparable
+from pytest_llmperf.metrics import DISTRIBUTION_KEYS, Distribution, censored_percentile
 from pytest_llmperf.stats import (
     DEFAULT_QUICK_RUN_CV,
     MIN_TAIL_SAMPLES,
@@ -52,19 +53,20 @@ from pytest_llmperf.workload import one_wave
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from pytest_llmperf.baseline.gated import GatedStat
     from pytest_llmperf.baseline.samples import PackedSamples
-    from pytest_llmperf.baseline.schema import SavedEntry, SavedTrial
-    from pytest_llmperf.metrics import DistributionDict, SummaryDict
+    from pytest_llmperf.baseline.schema import CapacityEntry, RunEntry, SavedTrial
+    from pytest_llmperf.metrics import Summary
 
 
 def _sequences(trials: Sequence[SavedTrial], series: str) -> tuple[np.ndarray, float]:
     arrays, window = [], 0.0
     for trial in trials:
-        packed = trial.get("samples", {}).get(series)
+        packed = trial.samples.get(series)
         if packed is None:
             continue
         arrays.append(unpack_samples(packed))
-        window += float(trial.get("window_s") or 0.0)
+        window += trial.window_s
     return (np.concatenate(arrays) if arrays else np.asarray([], dtype=float)), window
 
 
@@ -96,8 +98,8 @@ class RunComparison:
 
 def compare_entries(
     key: str,
-    baseline: Sequence[SavedEntry],
-    candidate: SavedEntry,
+    baseline: Sequence[RunEntry],
+    candidate: RunEntry,
     *,
     tolerance: float,
     alpha: float,
@@ -115,13 +117,12 @@ def compare_entries(
     fingerprint differs from the candidate's in a field not allowed to differ.
     """
     latest = baseline[0]
-    cand_fp = Fingerprint.from_dict(candidate["fingerprint"])
-    allowed = ensure_comparable(Fingerprint.from_dict(latest["fingerprint"]), cand_fp, allow)
-    base_trials = [t for entry in baseline for t in entry.get("trials", [])]
-    cand_trials = list(candidate.get("trials", []))
-    out = RunComparison(key=key, label=candidate.get("label", key),
+    allowed = ensure_comparable(latest.fingerprint, candidate.fingerprint, allow)
+    base_trials = [t for entry in baseline for t in entry.trials]
+    cand_trials = list(candidate.trials)
+    out = RunComparison(key=key, label=key if candidate.label is None else candidate.label,
                         allowed_diffs=[d.describe() for d in allowed] if allowed else [])
-    for g in entry_gated_stats(candidate):
+    for g in candidate.gated_stats():
         if g.kind == "counts":
             comp = _compare_errors(g, baseline, candidate, tolerance=tolerance, alpha=alpha)
             out.comparisons.append(bonferroni(comp, family_size))
@@ -171,12 +172,10 @@ def compare_entries(
     return out
 
 
-def _invalid_reasons(entry: SavedEntry, side: str) -> list[str]:
-    summary = entry.get("summary")
-    validity = summary.get("validity") if summary else None
-    if not validity or validity.get("valid", True):
+def _invalid_reasons(entry: RunEntry, side: str) -> list[str]:
+    if entry.valid or entry.summary is None:
         return []
-    return [f"{side}: {r}" for r in validity.get("reasons", [])] or [f"{side} marked invalid"]
+    return [f"{side}: {r}" for r in entry.summary.validity.reasons] or [f"{side} marked invalid"]
 
 
 MIN_BEYOND_PER_TRIAL = 2
@@ -186,7 +185,7 @@ MIN_BEYOND_PER_TRIAL = 2
 MIN_BEYOND_MEASURED = 5
 
 
-def precision_floor(entry: SavedEntry, g: GatedStat, *, measured_spread: bool = False) -> str | None:
+def precision_floor(entry: RunEntry, g: GatedStat, *, measured_spread: bool = False) -> str | None:
     """Why a percentile cannot be judged from an entry's trials, or None when it can.
 
     A trial's q-th percentile is informative only with some samples beyond it. Judged from one
@@ -203,19 +202,18 @@ def precision_floor(entry: SavedEntry, g: GatedStat, *, measured_spread: bool = 
         return None
     tail = 1.0 - q / 100.0
     worst: tuple[float, int] | None = None
-    trials = entry.get("trials") or []
+    trials = entry.trials
     for trial in trials:
-        packed = (trial.get("samples") or {}).get(g.metric)
+        packed = trial.samples.get(g.metric)
         if packed is not None and g.request_type is None and g.metric != "itl_s":
             series = unpack_samples(packed)
             n = series.size
             n_eff = float(n) if measured_spread else effective_sample_size(series)
         else:
-            summary = entry.get("summary")
-            dist = saved_distribution(summary, g.metric) if summary else None
-            if not dist:
+            dist = _distribution(entry.summary, g.metric)
+            if dist is None:
                 continue  # neither samples nor counts: nothing to judge the precision by
-            n = int(dist.get("count") or 0) // max(1, len(trials))
+            n = dist.count // max(1, len(trials))
             n_eff = float(n)
         if worst is None or n_eff < worst[0]:
             worst = (n_eff, n)
@@ -235,13 +233,18 @@ def precision_floor(entry: SavedEntry, g: GatedStat, *, measured_spread: bool = 
             f"{need} needed for {MIN_BEYOND_PER_TRIAL} beyond the {g.stat}; run longer trials")
 
 
-def shortened(entry: SavedEntry, scale: float) -> SavedEntry:
+def _distribution(summary: Summary | None, metric: str) -> Distribution | None:
+    """The distribution of ``metric`` (``"ttft_s"``...) in a summary; None without one."""
+    return getattr(summary, metric) if summary is not None and metric in DISTRIBUTION_KEYS else None
+
+
+def shortened(entry: RunEntry, scale: float) -> RunEntry:
     """What ``entry``'s trials would hold if its workload ran ``scale`` times as long
     (``--llmperf-duration-scale``, which shortens timed and request-bounded workloads, not trace
     replays): each trial's per-request samples cut to the first ⌈scale·n⌉, the summary's sample
     counts scaled alike. For asking :func:`precision_floor` about a shortened run before it is
     made; the entry itself when nothing would change."""
-    workload = entry.get("workload")
+    workload = entry.workload
     if scale >= 1 or workload is None or (workload.get("duration_s") is None and workload.get("num_requests") is None):
         return entry
     count, concurrency = workload.get("num_requests"), workload.get("concurrency")
@@ -255,30 +258,20 @@ def shortened(entry: SavedEntry, scale: float) -> SavedEntry:
         keep = math.ceil(series.shape[0] * scale) if series.ndim else None
         return pack_samples(series[:keep]) if keep is not None else packed
 
-    trials: list[SavedTrial] = [{**t, "samples": {m: cut(v) for m, v in (t.get("samples") or {}).items()}}
-                                for t in entry.get("trials") or []]
-    out: SavedEntry = {**entry, "trials": trials}
-    summary = entry.get("summary")
-    if summary is not None:
-        out["summary"] = _scaled_counts(summary, scale)
-    return out
+    trials = [t.model_copy(update={"samples": {m: cut(v) for m, v in t.samples.items()}}) for t in entry.trials]
+    summary = _scaled_counts(entry.summary, scale) if entry.summary is not None else None
+    return entry.model_copy(update={"trials": trials, "summary": summary})
 
 
-def _scaled_counts(summary: SummaryDict, scale: float) -> SummaryDict:
+def _scaled_counts(summary: Summary, scale: float) -> Summary:
     """``summary`` with each distribution's sample count scaled by ``scale`` (rounded up)."""
-    def scaled(dist: DistributionDict) -> DistributionDict:
-        count = dist.get("count")
-        return {**dist, "count": math.ceil(count * scale)} if isinstance(count, int) else dist
-
-    out = summary.copy()
-    for key in DISTRIBUTION_KEYS:
-        if isinstance(out.get(key), dict):
-            out[key] = scaled(out[key])
-    return out
+    return dataclasses.replace(summary, **{key: dataclasses.replace(getattr(summary, key),
+                                                                    count=math.ceil(getattr(summary, key).count * scale))
+                                           for key in DISTRIBUTION_KEYS})
 
 
-def _tail_floor(comp: Comparison, g: GatedStat, baseline: Sequence[SavedEntry],
-                candidate: SavedEntry) -> Comparison:
+def _tail_floor(comp: Comparison, g: GatedStat, baseline: Sequence[RunEntry],
+                candidate: RunEntry) -> Comparison:
     """A percentile needs about MIN_TAIL_SAMPLES samples beyond it (pooled over a side's trials):
     below that, each trial's "p99" is really its maximum, and it is reported, not gated. Sample
     counts come from the pooled summaries (of the request type, for a per-type statistic): the
@@ -288,17 +281,16 @@ def _tail_floor(comp: Comparison, g: GatedStat, baseline: Sequence[SavedEntry],
         return comp
     q = float(g.stat[1:]) / 100.0
 
-    def count(entry: SavedEntry) -> int:
-        summary = entry.get("summary")
-        if not summary:
+    def count(entry: RunEntry) -> int:
+        summary = entry.summary
+        if summary is None:
             return 0
         if g.request_type is not None:
-            by_type: dict[str, SummaryDict] = summary.get("by_type") or {}
-            summary = by_type.get(g.request_type) or summary
-        dist = saved_distribution(summary, g.metric)
-        n = int(dist.get("count") or 0) if dist else 0
+            summary = summary.by_type.get(g.request_type) or summary
+        dist = _distribution(summary, g.metric) if g.metric is not None else None
+        n = dist.count if dist is not None else 0
         if g.metric != "itl_s":
-            n += int(summary.get("failed") or 0) + int(summary.get("cancelled") or 0)
+            n += summary.failed + summary.cancelled
         return n
 
     sizes = [sum(count(e) for e in baseline), count(candidate)]
@@ -317,26 +309,25 @@ _PERCENTILE_Q = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0}
 def trial_stat(trial: SavedTrial, g: GatedStat) -> float | None:
     """A trial's value of a gated statistic as the gate compares it (failures counted, goodput
     continuity-corrected)."""
-    value = trial["stats"].get(g.key)
+    value = trial.stats.get(g.key)
     if g.kind == "latency":
-        if not trial.get("censored") and g.request_type is None:
+        if not trial.censored and g.request_type is None:
             # Saved before failures counted: recompute from the samples, where a failed request is
             # NaN in e2e_s (every successful request has an end-to-end latency).
             recomputed = _censored_from_samples(trial, g)
             if recomputed is not None:
                 return recomputed
-        return None if value is None else float(value)  # "inf" in a report file is +inf
-    rate = decode_float(value)
-    if rate is None or g.kind != "goodput":
-        return rate
+        return value
+    if value is None or g.kind != "goodput":
+        return value
     # Goodput is a count over a window; half a request of continuity correction keeps the log-ratio
     # defined when a side had no good request at all (a collapse to zero must read REGRESSED).
-    window = float(trial.get("window_s") or 0.0)
-    return rate + 0.5 / window if window > 0 else rate
+    window = trial.window_s
+    return value + 0.5 / window if window > 0 else value
 
 
 def _censored_from_samples(trial: SavedTrial, g: GatedStat) -> float | None:
-    samples = trial.get("samples") or {}
+    samples = trial.samples
     if g.metric is None or g.metric not in samples or "e2e_s" not in samples:
         return None
     values = unpack_samples(samples[g.metric])
@@ -391,22 +382,21 @@ def _compare_trial_values(g: GatedStat, b_vals: list[float], c_vals: list[float]
     return comp
 
 
-def summary_counts(entry: SavedEntry, g: GatedStat) -> tuple[int, int] | None:
+def summary_counts(entry: RunEntry, g: GatedStat) -> tuple[int, int] | None:
     """(events, trials) of a rate gated as counts, from an entry's pooled summary (failed /
-    requests, invalid answers / answers checked); None when the summary lacks them."""
-    summary = entry.get("summary")
-    events, total = g.count_keys
-    if not summary or events not in summary or total not in summary:
+    requests, invalid answers / answers checked); None without a summary."""
+    if entry.summary is None:
         return None
-    return int(summary[events]), int(summary[total])  # type: ignore[literal-required]
+    events, total = g.count_keys
+    return int(getattr(entry.summary, events)), int(getattr(entry.summary, total))
 
 
-def _compare_errors(g: GatedStat, baseline: Sequence[SavedEntry], candidate: SavedEntry, *,
+def _compare_errors(g: GatedStat, baseline: Sequence[RunEntry], candidate: RunEntry, *,
                     tolerance: float, alpha: float) -> Comparison:
     """A rate gated as counts (the error rate, the invalid-answer rate): the summary's events /
     trials from each side's pooled summaries (all pooled baseline entries), compared as counts
     (:func:`~pytest_llmperf.stats.compare_counts`)."""
-    def counts(entries: Sequence[SavedEntry]) -> tuple[int, int] | None:
+    def counts(entries: Sequence[RunEntry]) -> tuple[int, int] | None:
         pairs = [summary_counts(e, g) for e in entries]
         if any(p is None for p in pairs):
             return None
@@ -452,7 +442,7 @@ def headline(runs: Sequence[RunComparison]) -> str:
 # ---------------------------------------------------------------------- capacity
 
 
-def compare_capacity(key: str, baseline: SavedEntry, candidate: SavedEntry, *,
+def compare_capacity(key: str, baseline: CapacityEntry, candidate: CapacityEntry, *,
                      tolerance: float, alpha: float, allow: Sequence[str] = ()) -> RunComparison:
     """Gate a capacity figure by its search brackets, not by a test statistic.
 
@@ -464,16 +454,10 @@ def compare_capacity(key: str, baseline: SavedEntry, candidate: SavedEntry, *,
     (:func:`~pytest_llmperf.stats.tolerance_bounds`). The decision has no p-value, so Holm's
     correction leaves it as it is.
     """
-    allowed = ensure_comparable(Fingerprint.from_dict(baseline["fingerprint"]),
-                                Fingerprint.from_dict(candidate["fingerprint"]), allow)
-
-    def bracket(entry: SavedEntry) -> tuple[float | None, float | None]:
-        cap = entry.get("capacity")
-        return (None, None) if cap is None else (cap.get("capacity_rps"), cap.get("first_failing_rps"))
-
-    b_lo, b_hi = bracket(baseline)
-    c_lo, c_hi = bracket(candidate)
-    out = RunComparison(key=key, label=candidate.get("label", key),
+    allowed = ensure_comparable(baseline.fingerprint, candidate.fingerprint, allow)
+    b_lo, b_hi = baseline.capacity.capacity_rps, baseline.capacity.first_failing_rps
+    c_lo, c_hi = candidate.capacity.capacity_rps, candidate.capacity.first_failing_rps
+    out = RunComparison(key=key, label=key if candidate.label is None else candidate.label,
                         allowed_diffs=[d.describe() for d in allowed] if allowed else [])
     nan = math.nan
 

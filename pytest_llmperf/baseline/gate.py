@@ -48,18 +48,9 @@ from pytest_llmperf.baseline.compare import (
     summary_counts,
     trial_stat,
 )
+from pytest_llmperf.baseline.gated import ERROR_RATE_KEY, GOODPUT_KEY, INVALID_RATE_KEY, SPEC_ACCEPT_KEY, GatedStat
 from pytest_llmperf.baseline.history import change_points, recent_shift, session_value
-from pytest_llmperf.baseline.schema import (
-    ERROR_RATE_KEY,
-    GOODPUT_KEY,
-    INVALID_RATE_KEY,
-    SPEC_ACCEPT_KEY,
-    GatedStat,
-    SavedEntry,
-    entry_gated_stats,
-    entry_slo,
-    is_capacity,
-)
+from pytest_llmperf.baseline.schema import CapacityEntry, RunEntry, is_capacity
 from pytest_llmperf.baseline.sessions import (
     MIN_SESSIONS,
     PRIOR_SESSION_CV,
@@ -76,6 +67,7 @@ from pytest_llmperf.baseline.sessions import (
 )
 from pytest_llmperf.errors import InputError
 from pytest_llmperf.formatting import fmt_pct
+from pytest_llmperf.run_key import RunKey
 from pytest_llmperf.stats import (
     DEFAULT_ALPHA,
     DEFAULT_TOLERANCE,
@@ -89,6 +81,11 @@ from pytest_llmperf.stats import (
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
+
+    from pytest_llmperf.fingerprint import Fingerprint
+
+# A saved entry as the gate takes it (typed, see pytest_llmperf.baseline.schema).
+Entry = RunEntry | CapacityEntry
 
 
 @dataclass(frozen=True)
@@ -104,11 +101,6 @@ SPOT_SHARE, GLOBAL_SHARE, SPECIFIC_SHARE = 6, 6, 3
 
 # What an A/B session compares on purpose: shown as allowed differences, never refused.
 AB_EXPECTED_DIFFS = ("engine", "engine_version", "sim_preset", "gpu_name", "gpu_count", "gpu_driver", "extra")
-
-
-def node_of(key: str) -> str:
-    """The pytest node id of a run key ``<node id>#<index>``."""
-    return key.rsplit("#", 1)[0]
 
 
 @dataclass
@@ -133,7 +125,7 @@ class GateSession:
     then judged against the spread of main's sessions instead of the trials of one session.
     """
 
-    baseline: Mapping[str, Sequence[SavedEntry]]
+    baseline: Mapping[str, Sequence[Entry]]
     settings: GateSettings = field(default_factory=GateSettings)
     family_size: int = 1
     runs: list[RunComparison] = field(default_factory=list)
@@ -151,7 +143,7 @@ class GateSession:
         allow = tuple(dict.fromkeys((*settings.allow, *AB_EXPECTED_DIFFS)))
         return cls({}, dataclasses.replace(settings, allow=allow), paired=True)
 
-    def add_reference(self, key: str, entry: SavedEntry) -> None:
+    def add_reference(self, key: str, entry: Entry) -> None:
         """The reference's entry for ``key``, measured in the same blocks as the candidate's."""
         if not self.paired:
             raise InputError("add_reference is for A/B sessions (GateSession.against_reference)")
@@ -165,7 +157,7 @@ class GateSession:
         return self.family_size
 
     @classmethod
-    def from_sessions(cls, sessions: Sequence[Mapping[str, SavedEntry]], settings: GateSettings | None = None, *,
+    def from_sessions(cls, sessions: Sequence[Mapping[str, Entry]], settings: GateSettings | None = None, *,
                       session_ids: Sequence[str] | None = None, change_alpha: float | None = 0.01,
                       prior_session_cv: float = PRIOR_SESSION_CV, recent_alpha: float = 0.1) -> GateSession:
         """The gate against main's history: ``sessions`` are saved sessions' ``tests`` (newest
@@ -179,13 +171,13 @@ class GateSession:
         keys: list[str] = []
         for tests in sessions:
             keys.extend(k for k in tests if k not in keys)
-        matching: dict[str, list[tuple[int, SavedEntry]]] = {}
+        matching: dict[str, list[tuple[int, Entry]]] = {}
         notes: dict[str, list[str]] = {}
         for key in keys:
             indexed = [(i, tests[key]) for i, tests in enumerate(sessions) if key in tests]
-            newest_fp = indexed[0][1].get("fingerprint")
-            matching[key] = [(i, e) for i, e in indexed if e.get("fingerprint") == newest_fp]
-            other = [ids[i] for i, e in indexed if e.get("fingerprint") != newest_fp]
+            newest_fp: Fingerprint = indexed[0][1].fingerprint
+            matching[key] = [(i, e) for i, e in indexed if e.fingerprint == newest_fp]
+            other = [ids[i] for i, e in indexed if e.fingerprint != newest_fp]
             if other:
                 notes.setdefault(key, []).append(
                     f"{len(other)} session(s) measured on another setup left out: {', '.join(other[:5])}")
@@ -211,9 +203,9 @@ class GateSession:
         for i, tests in enumerate(sessions):
             row: dict[tuple[str, str], SessionLogs] = {}
             for key, entry in tests.items():
-                if i not in kept.get(key, set()) or is_capacity(entry) or not _valid(entry):
+                if i not in kept.get(key, set()) or is_capacity(entry) or not entry.valid:
                     continue
-                for g in entry_gated_stats(entry):
+                for g in entry.gated_stats():
                     if g.kind == "counts":
                         continue
                     logs = _logs(entry, g)
@@ -240,39 +232,46 @@ class GateSession:
         """Fix the family size from the baseline's runs whose test ``in_session(node id)``."""
         m = 0
         for key, entries in self.baseline.items():
-            if entries and not is_capacity(entries[0]) and in_session(node_of(key)):
-                m += len(entry_gated_stats(entries[0]))
+            first = entries[0] if entries else None
+            if first is not None and not is_capacity(first) and in_session(RunKey.parse(key).nodeid):
+                m += len(first.gated_stats())
         self.family_size = max(1, m)
         return self.family_size
 
-    def tolerance_for(self, entry: SavedEntry) -> float:
+    def tolerance_for(self, entry: Entry) -> float:
         return _own_tolerance(entry, self.settings.tolerance)
 
-    def judge(self, key: str, candidate: SavedEntry) -> RunComparison | None:
+    def judge(self, key: str, candidate: Entry) -> RunComparison | None:
         """Compare one candidate entry with its baseline; None (and recorded as missing) when the
-        baseline has no such key. Raises FingerprintMismatch when the setups differ in a field
-        not allowed to differ; nothing is recorded then."""
-        base = self.baseline.get(key)
-        if not base:
-            self.missing.append(key)
-            return None
+        baseline has no such key, or only entries of the other kind (a run where the candidate
+        searched capacity, or the reverse). Raises FingerprintMismatch when the setups differ in
+        a field not allowed to differ; nothing is recorded then."""
+        base = self.baseline.get(key) or []
         s = self.settings
         tolerance = self.tolerance_for(candidate)
         if is_capacity(candidate):
-            run = compare_capacity(key, base[0], candidate, tolerance=tolerance, alpha=s.alpha, allow=s.allow)
+            searches = [e for e in base if is_capacity(e)]
+            if not searches:
+                self.missing.append(key)
+                return None
+            run = compare_capacity(key, searches[0], candidate, tolerance=tolerance, alpha=s.alpha, allow=s.allow)
         else:
+            runs = [e for e in base if isinstance(e, RunEntry)]
+            if not runs:
+                self.missing.append(key)
+                return None
             if self.paired:
                 # A run the plan did not foresee (a sweep calling run() again) widens the family.
-                judged = sum(len(r.comparisons) for r in self.runs) + len(entry_gated_stats(candidate))
+                judged = sum(len(r.comparisons) for r in self.runs) + len(candidate.gated_stats())
                 self.family_size = max(self.family_size, judged)
-            run = compare_entries(key, base, candidate, tolerance=tolerance, alpha=s.alpha, allow=s.allow,
+            run = compare_entries(key, runs, candidate, tolerance=tolerance, alpha=s.alpha, allow=s.allow,
                                   family_size=self.family_size * self._spot_share, paired=self.paired)
             if self.model is not None:
                 self._session_mode(key, run, candidate, tolerance)
         self.runs.append(run)
         return run
 
-    def preview(self, key: str, candidate: SavedEntry) -> RunComparison | None:
+    def preview(self, key: str, candidate: Entry) -> RunComparison | None:
         """What :meth:`judge` would say, without recording anything (adaptive trials ask this
         after the first trials to decide whether to run more)."""
         n_runs, n_tracked, n_missing = len(self.runs), len(self._tracked), len(self.missing)
@@ -316,11 +315,12 @@ class GateSession:
             return False
         return True
 
-    def _session_mode(self, key: str, run: RunComparison, candidate: SavedEntry, tolerance: float) -> None:
+    def _session_mode(self, key: str, run: RunComparison, candidate: RunEntry, tolerance: float) -> None:
         """Replace each log-scale statistic's trial comparison with the session model's total test
         (Bonferroni over the family with a sixth of α; the rest is spent at :meth:`finish`)."""
         assert self.model is not None
-        stats = {g.key: g for g in entry_gated_stats(candidate)}
+        stats = {g.key: g for g in candidate.gated_stats()}
+        baseline = [e for e in self.baseline[key] if isinstance(e, RunEntry)]
         notes = self.notes.get(key, [])
         for i, comp in enumerate(run.comparisons):
             g = stats.get(comp.name)
@@ -338,7 +338,7 @@ class GateSession:
             if logs is None:
                 continue
             floor = (precision_floor(candidate, g, measured_spread=True)
-                     or precision_floor(self.baseline[key][0], g, measured_spread=True))
+                     or precision_floor(baseline[0], g, measured_spread=True))
             if floor is not None:
                 run.comparisons[i] = dataclasses.replace(comp, verdict=Verdict.NOT_GATED, reason=floor,
                                                          reason_kind=ReasonKind.CANNOT_BE_JUDGED, mode="sessions")
@@ -347,14 +347,15 @@ class GateSession:
             run.comparisons[i] = self._total(comp, model, logs, sign, tolerance, notes)
             self._tracked.append(_Tracked(len(self.runs), i, (key, comp.name), sign, tolerance, logs))
 
-    def _errors(self, key: str, g: GatedStat, comp: Comparison, candidate: SavedEntry, tolerance: float) -> Comparison:
+    def _errors(self, key: str, g: GatedStat, comp: Comparison, candidate: RunEntry, tolerance: float) -> Comparison:
         """A rate gated as counts (the error rate, the invalid-answer rate) against main's
         sessions: the count test with both sides' counts divided by the between-session
         overdispersion φ (quasi-binomial), φ = Pearson χ² / (K − 1) of the baseline sessions'
         events around their pooled rate, at least 1. Sessions whose rate differs more than
         binomial noise allows (a flaky dependency, a noisy runner) would otherwise make every clean
         run that lands on a bad day read REGRESSED."""
-        counts = [pair for pair in (summary_counts(entry, g) for entry in self.baseline.get(key, []))
+        counts = [pair for pair in (summary_counts(entry, g) for entry in self.baseline.get(key, [])
+                                    if isinstance(entry, RunEntry))
                   if pair is not None and pair[1] > 0]
         candidate_counts = summary_counts(candidate, g)
         if len(counts) < 2 or candidate_counts is None:
@@ -513,12 +514,13 @@ class GateSession:
         candidate's trials too."""
         lines = []
         for key, entries in self.baseline.items():
-            if not entries or is_capacity(entries[0]) or not in_session(node_of(key)):
+            run_key = RunKey.parse(key)
+            entry = entries[0] if entries else None
+            if entry is None or is_capacity(entry) or not in_session(run_key.nodeid):
                 continue
-            entry = entries[0]
-            name = node_of(key).split("::")[-1]
+            name = run_key.test_name
             short = shortened(entry, duration_scale)
-            for g in entry_gated_stats(entry):
+            for g in entry.gated_stats():
                 model = self.model.stats.get((key, g.key)) if self.model is not None else None
                 floor = precision_floor(short, g, measured_spread=model is not None)
                 if floor is not None:
@@ -573,30 +575,27 @@ def _settle_hint(model: StatModel) -> str:
     return "needs " + " or ".join(hints)
 
 
-def _valid(entry: SavedEntry) -> bool:
-    summary = entry.get("summary")
-    validity = summary.get("validity") if summary else None
-    return bool(validity.get("valid", True)) if validity else True
-
-
-def _logs(entry: SavedEntry, g: GatedStat) -> SessionLogs | None:
+def _logs(entry: RunEntry, g: GatedStat) -> SessionLogs | None:
     """A session's trial values of one statistic on the log scale, with the launch of each; None
     when any trial's value is missing or not positive (then the trial comparison stands). +inf
     (a percentile beyond every successful request) is kept: :class:`SessionLogs` counts it."""
-    trials = entry.get("trials") or []
+    trials = entry.trials
     values = [trial_stat(t, g) for t in trials]
     if not values or any(v is None or not (v > 0) for v in values):
         return None
-    return session_logs(values, [int(t.get("launch") or 0) for t in trials])
+    return session_logs(values, [t.launch for t in trials])
 
 
-def _last_change(matching: Sequence[tuple[int, SavedEntry]], *, alpha: float) -> int:
+def _last_change(matching: Sequence[tuple[int, Entry]], *, alpha: float) -> int:
     """How many of the newest sessions lie after the last change point of any statistic (all of
     them when there is none)."""
     if len(matching) < 4:
         return 0
     entries = [e for _, e in matching][::-1]  # oldest first
-    stats = [g for g in entry_gated_stats(entries[-1]) if g.kind != "counts"]
+    newest = entries[-1]
+    if is_capacity(newest):
+        return 0  # a search has no per-session statistics to cut at
+    stats = [g for g in newest.gated_stats() if g.kind != "counts"]
     last = 0
     for g in stats:
         values = [session_value(e, g.key) for e in entries]
@@ -608,13 +607,13 @@ def _last_change(matching: Sequence[tuple[int, SavedEntry]], *, alpha: float) ->
     return len(entries) - last if last else 0
 
 
-def _own_tolerance(entry: SavedEntry, default: float) -> float:
+def _own_tolerance(entry: Entry, default: float) -> float:
     """The test's own ``@slo(tolerance=...)`` recorded in ``entry``, else ``default``."""
-    slo = entry_slo(entry)
+    slo = entry.slo
     return slo.tolerance if slo is not None and slo.tolerance is not None else default
 
 
-def _recent_cuts(matching: Mapping[str, Sequence[tuple[int, SavedEntry]]], *, alpha: float,
+def _recent_cuts(matching: Mapping[str, Sequence[tuple[int, Entry]]], *, alpha: float,
                  tolerance: float) -> dict[str, int]:
     """Per run key, how many of the newest sessions follow a move confined to them (0: none).
 
@@ -632,13 +631,14 @@ def _recent_cuts(matching: Mapping[str, Sequence[tuple[int, SavedEntry]]], *, al
     made 2 of 10 A/A sessions red.)"""
     series: dict[tuple[str, str], dict[int, float]] = {}
     for key, rows in matching.items():
-        if not rows or is_capacity(rows[0][1]):
+        first = rows[0][1] if rows else None
+        if first is None or is_capacity(first):
             continue
-        for g in entry_gated_stats(rows[0][1]):
+        for g in first.gated_stats():
             if g.kind == "counts":
                 continue
             sign = -1.0 if g.higher_is_better else 1.0
-            values = {i: session_value(e, g.key) for i, e in rows if _valid(e)}
+            values = {i: session_value(e, g.key) for i, e in rows if isinstance(e, RunEntry) and e.valid}
             logs = {i: sign * math.log(v) for i, v in values.items() if v is not None and v > 0 and math.isfinite(v)}
             if len(logs) >= 4:
                 series[(key, g.key)] = logs
@@ -693,4 +693,4 @@ def bisect_status(runs: Sequence[RunComparison], *, ungated: bool = False) -> tu
 
 
 __all__ = ["AB_EXPECTED_DIFFS", "BISECT_ABORT", "BISECT_BAD", "BISECT_GOOD", "BISECT_SKIP", "GateSession", "GateSettings",
-           "bisect_status", "node_of"]
+           "bisect_status"]

@@ -44,38 +44,37 @@ can say plainly that it starts again from a short history (its prior session spr
 ``--llmperf-session-cv``, standing in until three sessions are saved).
 
 **Opening a baseline.** :func:`open_baseline` is how the plugin's ``--llmperf-baseline`` and
-``llmperf compare`` both read a baseline name: its newest run, the sessions behind it, every
-entry checked for the shape the gate reads.
+``llmperf compare`` both read a baseline name: its newest run and the sessions behind it, each
+read as a typed :class:`~pytest_llmperf.baseline.schema.SavedSession` (every field checked).
 """
 
 from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pytest_llmperf.baseline.store import BaselineCorrupt, BaselineTooNew, StoreWarning
 from pytest_llmperf.defaults import DEFAULT_HISTORY
+from pytest_llmperf.errors import BaselineCorrupt, BaselineTooNew, StoreWarning
 from pytest_llmperf.provenance import CommitRange, Provenance
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
 
-    from pytest_llmperf.baseline.schema import SavedEntry
-    from pytest_llmperf.baseline.store import BaselineStore, RebaseMark, SavedRun, StorePath
-    from pytest_llmperf.fingerprint import FingerprintDict
+    from pytest_llmperf.baseline.schema import CapacityEntry, RunEntry
+    from pytest_llmperf.baseline.store import BaselineStore, RebaseMark, SavedRun
+    from pytest_llmperf.fingerprint import Fingerprint
 
 MIN_SEGMENT = 2
 
 
-def session_value(entry: SavedEntry, stat: str) -> float | None:
+def session_value(entry: RunEntry | CapacityEntry, stat: str) -> float | None:
     """Geometric mean of ``stat`` over an entry's trials (None when no trial has a positive value)."""
-    values = [t.get("stats", {}).get(stat) for t in entry.get("trials") or []]
-    logs = [math.log(v) for v in values if isinstance(v, (int, float)) and v > 0 and math.isfinite(v)]
+    values = [t.stats.get(stat) for t in entry.trials]
+    logs = [math.log(v) for v in values if v is not None and v > 0 and math.isfinite(v)]
     return math.exp(sum(logs) / len(logs)) if logs else None
 
 
@@ -192,14 +191,14 @@ class History:
     """Main's saved sessions (newest first as read), with what was skipped and why."""
 
     name: str
-    runs: list[SavedRun]
-    skipped: list[str] = field(default_factory=list)  # corrupt or unreadable files, named
+    runs: list[SavedRun]  # each one's session read and checked (SavedRun.session)
+    skipped: list[str] = field(default_factory=list)  # corrupt, unreadable or malformed files, named
     rebased: RebaseMark | None = None  # the newest rebase marker: only sessions after it are read
     since_rebase: int = 0  # sessions saved after that marker (``runs`` holds at most ``limit`` of them)
 
     def provenance(self) -> dict[str, Provenance | None]:
         """Each session's provenance by run id (None: saved before provenance was recorded)."""
-        return {run.run_id: session_provenance(run) for run in self.runs}
+        return {run.run_id: run.session.provenance for run in self.runs}
 
     def rebase_note(self) -> str | None:
         """``history of 'main' rebased on 2026-12-01 09:30 UTC: H200 nodes; 1 session(s) since``."""
@@ -210,23 +209,23 @@ class History:
     def series(self, *, alpha: float = 0.01) -> list[StatSeries]:
         """Every (test run, gated statistic) with at least one session value, oldest first, with
         change points among sessions measured on the newest session's setup."""
-        sessions = [(run.run_id, session_tests(run)) for run in self.runs]
-        newest: dict[str, FingerprintDict | None] = {}
+        sessions = [(run.run_id, run.session.tests) for run in self.runs]
+        newest: dict[str, Fingerprint] = {}
         for _, tests in sessions:
             for key, entry in tests.items():
-                newest.setdefault(key, entry.get("fingerprint"))
+                newest.setdefault(key, entry.fingerprint)
         out = []
         for key in sorted(newest):
             stats: list[str] = []
             for _, tests in sessions:
                 found = tests.get(key)
-                for trial in (found.get("trials") or [] if found else []):
-                    stats.extend(s for s in trial.get("stats", {}) if s not in stats)
+                for trial in (found.trials if found is not None else []):
+                    stats.extend(s for s in trial.stats if s not in stats)
             for stat in stats:
                 ids, values = [], []
                 for run_id, tests in reversed(sessions):
                     candidate = tests.get(key)
-                    if not candidate or candidate.get("fingerprint") != newest[key]:
+                    if candidate is None or candidate.fingerprint != newest[key]:
                         continue
                     value = session_value(candidate, stat)
                     if value is not None:
@@ -239,8 +238,9 @@ class History:
 
 def load_history(store: BaselineStore, name: str, limit: int | None = None) -> History:
     """The last ``limit`` readable sessions of ``name`` saved after its newest rebase marker (all
-    of them when it has none), newest first. A corrupt, truncated or newer-schema file is skipped
-    with a :class:`StoreWarning` naming it (never deleted). A name with no session raises
+    of them when it has none), newest first, each one's session read and checked. A corrupt,
+    truncated, malformed or newer-schema file is skipped with a :class:`StoreWarning` naming it
+    (never deleted). A name with no session raises
     :class:`~pytest_llmperf.baseline.store.BaselineMissing`, unless it was rebased: then the
     history is empty and says since when."""
     mark = store.latest_rebase(name)
@@ -253,7 +253,9 @@ def load_history(store: BaselineStore, name: str, limit: int | None = None) -> H
         if limit is not None and len(runs) >= limit:
             break
         try:
-            runs.append(store.load(entry.path))
+            run = store.load(entry.path)
+            run.session  # noqa: B018 - read and checked here, once: a malformed file is skipped like a corrupt one
+            runs.append(run)
         except FileNotFoundError:
             continue  # pruned by a concurrent save between listing and reading
         except (BaselineCorrupt, BaselineTooNew) as exc:
@@ -264,37 +266,6 @@ def load_history(store: BaselineStore, name: str, limit: int | None = None) -> H
     return History(name, runs, skipped, rebased=mark, since_rebase=len(listed) if mark is not None else 0)
 
 
-def session_provenance(run: SavedRun) -> Provenance | None:
-    """The commit a saved session measured and its CI run (None: unknown, as in sessions saved
-    before provenance was recorded)."""
-    return Provenance.from_dict(run.run.get("provenance"))
-
-
-def session_tests(run: SavedRun) -> dict[str, SavedEntry]:
-    """A saved session's run entries by key as saved (its ``tests``), unchecked; none when the
-    document has no ``tests`` object. Readers that must trust the shape use :func:`run_entries`."""
-    tests = run.run.get("tests")
-    return {str(k): v for k, v in tests.items()} if isinstance(tests, Mapping) else {}
-
-
-def run_entries(run: object, path: StorePath) -> dict[str, SavedEntry]:
-    """A saved session's run entries by key (its ``tests``), each checked to have the shape the
-    gate reads: an object with a ``fingerprint`` object and a ``trials`` list. Raises
-    :class:`~pytest_llmperf.baseline.store.BaselineCorrupt` naming the file and the entry."""
-    if not isinstance(run, Mapping) or "tests" not in run:
-        raise BaselineCorrupt(f"{path}: not a saved llmperf run: expected a JSON object with a 'tests' key")
-    tests = run["tests"]
-    if not isinstance(tests, Mapping):
-        raise BaselineCorrupt(f"{path}: 'tests' must be an object (saved run), got {type(tests).__name__}")
-    entries = {str(k): v for k, v in tests.items()}
-    for key, entry in entries.items():
-        if not isinstance(entry, Mapping):
-            raise BaselineCorrupt(f"{path}: test run {key!r} must be an object, got {type(entry).__name__}")
-        if not isinstance(entry.get("fingerprint"), Mapping):
-            raise BaselineCorrupt(f"{path}: test run {key!r} has no 'fingerprint' object")
-        if not isinstance(entry.get("trials"), list):
-            raise BaselineCorrupt(f"{path}: test run {key!r} has no 'trials' list")
-    return entries
 
 
 @dataclass
@@ -306,11 +277,11 @@ class OpenBaseline:
     history: History
     # Run entries of the sessions the gate learns from, newest first (the newest run's first);
     # empty when the name was rebased and no session has been saved since.
-    sessions: list[dict[str, SavedEntry]] = field(default_factory=list)
+    sessions: list[Mapping[str, RunEntry | CapacityEntry]] = field(default_factory=list)
     session_ids: list[str] = field(default_factory=list)
 
     @property
-    def entries(self) -> dict[str, SavedEntry]:
+    def entries(self) -> Mapping[str, RunEntry | CapacityEntry]:
         """The newest run's entries (what "the baseline" is when history is not asked for)."""
         return self.sessions[0] if self.sessions else {}
 
@@ -323,28 +294,25 @@ def open_baseline(store: BaselineStore, name: str, *, history: int = DEFAULT_HIS
     read it: its newest run (a missing name raises
     :class:`~pytest_llmperf.baseline.store.BaselineMissing`; a corrupt or malformed newest file
     raises rather than falling back to an older one), and up to ``history`` sessions since its
-    newest rebase marker (:func:`load_history`), every entry checked (:func:`run_entries`). An
-    older file that cannot be read or is malformed is skipped with a
-    :class:`~pytest_llmperf.baseline.store.StoreWarning` naming it, as :func:`load_history` does."""
+    newest rebase marker (:func:`load_history`), each session read and checked
+    (:attr:`~pytest_llmperf.baseline.store.SavedRun.session`). An older file that cannot be read
+    or is malformed is skipped with a :class:`~pytest_llmperf.baseline.store.StoreWarning` naming
+    it, as :func:`load_history` does."""
     newest = store.latest(name)
+    newest.session  # noqa: B018 - a malformed newest file raises here, before any history is read
     past = load_history(store, name, limit=history)
     opened = OpenBaseline(name, newest, past)
     if not past.runs:
         return opened  # rebased, and no session saved since: nothing to compare with yet
-    opened.sessions.append(run_entries(newest.run, newest.path))
+    opened.sessions.append(newest.session.tests)
     opened.session_ids.append(newest.run_id)
     for older in past.runs:
         if older.run_id == newest.run_id or len(opened.sessions) >= history:
             continue
-        try:
-            opened.sessions.append(run_entries(older.run, older.path))
-        except BaselineCorrupt as exc:
-            past.skipped.append(str(exc))
-            warnings.warn(f"skipping a history file: {exc}", StoreWarning, stacklevel=2)
-            continue
+        opened.sessions.append(older.session.tests)
         opened.session_ids.append(older.run_id)
     return opened
 
 
 __all__ = ["DEFAULT_HISTORY", "History", "OpenBaseline", "StatSeries", "change_points", "load_history", "open_baseline",
-           "recent_shift", "run_entries", "session_provenance", "session_tests", "session_value"]
+           "recent_shift", "session_value"]

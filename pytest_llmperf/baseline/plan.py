@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from pytest_llmperf.baseline.compare import MIN_BEYOND_MEASURED, precision_floor
-from pytest_llmperf.baseline.schema import entry_gated_stats, is_capacity
+from pytest_llmperf.baseline.schema import is_capacity
 from pytest_llmperf.baseline.sessions import (
     MIN_SESSIONS,
     PRIOR_SESSION_CV,
@@ -57,12 +57,14 @@ from pytest_llmperf.baseline.sessions import (
     SessionModel,
     detectable_change,
 )
-from pytest_llmperf.metrics import saved_distribution
+from pytest_llmperf.metrics import DISTRIBUTION_KEYS
+from pytest_llmperf.run_key import RunKey
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
-    from pytest_llmperf.baseline.schema import GatedStat, SavedEntry
+    from pytest_llmperf.baseline.gated import GatedStat
+    from pytest_llmperf.baseline.schema import CapacityEntry, RunEntry, SavedSession
 
 # What the plan assumes before anything measured it.
 PRIOR_LAUNCH_CV = 0.03  # launch-to-launch spread of one server on one machine
@@ -301,20 +303,19 @@ def cheapest(spread: Spread, costs: Costs, *, alpha: float, tolerance: float, fa
 _PERCENTILES = {"p50": 0.50, "p90": 0.90, "p95": 0.95, "p99": 0.99}
 
 
-def min_trials(entry: SavedEntry) -> int | None:
+def min_trials(entry: RunEntry) -> int | None:
     """The fewest trials of ``entry``'s size with which every gated percentile can be judged
     against main's sessions: 1 when each trial has
     :data:`~pytest_llmperf.baseline.compare.MIN_BEYOND_MEASURED` requests beyond the percentile (as
     :func:`~pytest_llmperf.baseline.compare.precision_floor` with a measured spread); None when no
     number of trials will do (too few requests in a trial: only longer trials help)."""
-    trials = entry.get("trials") or []
-    summary = entry.get("summary")
-    for g in entry_gated_stats(entry):
+    trials = entry.trials
+    summary = entry.summary
+    for g in entry.gated_stats():
         q = _PERCENTILES.get(g.stat)
-        if q is None or g.metric is None or not summary or not trials:
+        if q is None or g.metric is None or summary is None or not trials or g.metric not in DISTRIBUTION_KEYS:
             continue
-        dist = saved_distribution(summary, g.metric)
-        per_trial = int(dist.get("count") or 0) / len(trials) if dist else 0.0
+        per_trial = getattr(summary, g.metric).count / len(trials)
         if per_trial * (1.0 - q) < MIN_BEYOND_MEASURED:
             return None
     return 1
@@ -335,7 +336,7 @@ def requests_to_measure(stats: Sequence[GatedStat]) -> int:
     return need
 
 
-def unjudgeable(entries: Mapping[str, SavedEntry]) -> list[str]:
+def unjudgeable(entries: Mapping[str, RunEntry | CapacityEntry]) -> list[str]:
     """The saved statistics no pull request can judge, one line each (``test: why``): a trial too
     small for its percentile against main's sessions
     (:func:`~pytest_llmperf.baseline.compare.precision_floor` with a measured spread, as the gate
@@ -344,36 +345,36 @@ def unjudgeable(entries: Mapping[str, SavedEntry]) -> list[str]:
     for key, entry in entries.items():
         if is_capacity(entry):
             continue
-        for g in entry_gated_stats(entry):
+        for g in entry.gated_stats():
             floor = precision_floor(entry, g, measured_spread=True)
             if floor is not None:
-                out.append(f"{key.rsplit('#', 1)[0].split('::')[-1]}: {floor}")
+                out.append(f"{RunKey.parse(key).test_name}: {floor}")
     return out
 
 
-def plan_costs(sessions: Sequence[Mapping[str, SavedEntry]], newest_run: Mapping[str, object] | None,
+def plan_costs(sessions: Sequence[Mapping[str, RunEntry | CapacityEntry]], newest: SavedSession | None,
                keys: Sequence[str], *, measuring: int) -> Costs:
     """What the session's launches and trials cost, from main's saved runs: start-up the median
     of the newest session's launches, each selected run's trial length the mean window of its
     newest trials; ``measuring`` tests in all (those main does not have are priced at
     :data:`DEFAULT_TRIAL_S`)."""
     startup = DEFAULT_STARTUP_S
-    launches = newest_run.get("launches") if newest_run is not None else None
-    times = launches.get("startup_s") if isinstance(launches, dict) else None
-    if isinstance(times, list) and times:
+    times = list(newest.launches["startup_s"]) if newest is not None and newest.launches is not None else []
+    if times:
         startup = float(np.median([float(x) for x in times]))
     trial_s: dict[str, float] = {}
+    needs: list[int | None] = []
     for key in keys:
         entry = next((s[key] for s in sessions if key in s), None)
-        windows = [float(tr.get("window_s") or 0.0) for tr in (entry or {}).get("trials") or []]
-        windows = [w for w in windows if w > 0]
+        if entry is None or is_capacity(entry):
+            continue
+        windows = [float(tr.window_s) for tr in entry.trials if tr.window_s and tr.window_s > 0]
         if windows:
             trial_s[key] = float(np.mean(windows))
-    tests = {key.rsplit("#", 1)[0] for key in trial_s}
-    needs = [min_trials(entry) for entry in (next((s[k] for s in sessions if k in s), None) for k in keys)
-             if entry is not None]
+        needs.append(min_trials(entry))
+    tests = {RunKey.parse(key).nodeid for key in trial_s}
     return Costs(startup_s=startup, trial_s=trial_s, tests=max(measuring - len(tests), 0),
-                 measured=bool(trial_s) and isinstance(times, list) and bool(times),
+                 measured=bool(trial_s) and bool(times),
                  min_trials=min(max([n for n in needs if n is not None] or [1]), MAX_TRIALS * MAX_LAUNCHES))
 
 

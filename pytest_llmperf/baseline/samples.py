@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Mapping
-from typing import Any, TypedDict
+from typing import Any
 
 import numpy as np
+from typing_extensions import TypedDict  # pydantic reads it (typing.TypedDict only from Python 3.12)
 
-from pytest_llmperf.baseline.store import BaselineCorrupt
-from pytest_llmperf.errors import InputError
+from pytest_llmperf.errors import BaselineCorrupt, InputError
 
 
 class PackedSamples(TypedDict):

@@ -8,7 +8,9 @@ Layout::
 directory; ``%`` is not allowed in names, so the mapping is reversible. There is no index file:
 listing the directory is the index, so nothing can point at a file that is gone.
 
-Each file is ``{"schema_version", "kind", "name", "saved_at", "run"}``, strict JSON written by
+Each file is ``{"schema_version", "kind", "name", "saved_at", "run"}`` (``schema_version`` is the
+wrapper's, 1; the saved session in ``run`` has its own, see :mod:`pytest_llmperf.baseline.schema`),
+strict JSON written by
 :mod:`pytest_llmperf.jsonio` (NaN as ``null``, infinities as ``"inf"``/``"-inf"``; files saved by
 earlier versions spell them ``NaN``/``Infinity`` and still load). A save writes a uniquely
 named hidden temporary file in the same directory, fsyncs it and ``os.replace``\\ s it into place,
@@ -51,11 +53,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, Protocol, TypedDict
 
 from pytest_llmperf import jsonio
+from pytest_llmperf.baseline.schema import SavedSession
 from pytest_llmperf.defaults import DEFAULT_KEEP, DEFAULT_STORE
-from pytest_llmperf.errors import LLMPerfError, LLMPerfWarning
+from pytest_llmperf.errors import BaselineCorrupt, BaselineMissing, BaselineTooNew, StoreError, StoreWarning
 
 SCHEMA_VERSION = 1
 DOC_KIND = "pytest-llmperf.baseline"
@@ -70,26 +73,6 @@ _STAMP_FORMAT = "%Y%m%dT%H%M%S%fZ"
 _MAX_DIRNAME = 200
 # A temporary file this old belongs to a save that crashed; younger ones may be in flight.
 _STALE_TMP_S = 3600.0
-
-
-class StoreError(LLMPerfError):
-    """The baseline store cannot do what was asked; the message names the file or directory."""
-
-
-class BaselineMissing(StoreError):
-    """No saved run under that name (or run id)."""
-
-
-class BaselineCorrupt(StoreError):
-    """A saved file that cannot be read back (truncated gzip, bad JSON, wrong shape)."""
-
-
-class BaselineTooNew(StoreError):
-    """A file written by a newer plugin with a schema this version does not understand."""
-
-
-class StoreWarning(LLMPerfWarning):
-    """Something in the store needs the user's attention but did not stop the operation."""
 
 
 @dataclass(frozen=True)
@@ -121,9 +104,9 @@ class RunEntry:
 
 @dataclass
 class SavedRun:
-    """A saved run read back from disk. ``run`` is the JSON object that was passed to ``save`` (the
-    plugin saves a ``baseline.schema.SavedSession``), or a whole file read without the store's
-    wrapper (a report): the store does not read it; ``baseline.history.run_entries`` checks it."""
+    """A saved run read back from disk. ``run`` is the JSON object that was passed to ``save``, or
+    a whole file read without the store's wrapper (a report), as it is in the file;
+    :attr:`session` is the saved session it holds, parsed and checked once, on first use."""
 
     name: str
     run_id: str
@@ -132,11 +115,24 @@ class SavedRun:
     schema_version: int
     run: dict[str, object]
 
+    @functools.cached_property
+    def session(self) -> SavedSession:
+        """The saved session (:class:`~pytest_llmperf.baseline.schema.SavedSession`), every field
+        checked. Raises :class:`BaselineCorrupt` (or :class:`BaselineTooNew`) naming the file and
+        the path of each field that is not what a saved session holds."""
+        return SavedSession.parse(self.run, source=str(self.path))
+
     @property
     def fingerprint(self) -> Mapping[str, object] | None:
         """The run's own fingerprint, in documents that have one at the top (unchecked, for display)."""
         value = self.run.get("fingerprint")
         return value if isinstance(value, dict) else None
+
+
+class JsonDocument(Protocol):
+    """A typed document that writes its own JSON form (a :class:`SavedSession`)."""
+
+    def to_dict(self) -> dict[str, Any]: ...
 
 
 class RebaseMarkDict(TypedDict):
@@ -267,13 +263,13 @@ def _parse_mark(name: str, mark_id: str, path: StorePath, read: Callable[[], byt
     return RebaseMark(name, mark_id, created, reason, path)
 
 
-def _document(name: str, run: Mapping[str, object], now: datetime) -> bytes:
+def _document(name: str, run: Mapping[str, object] | JsonDocument, now: datetime) -> bytes:
     doc = {
         "schema_version": SCHEMA_VERSION,
         "kind": DOC_KIND,
         "name": name,
         "saved_at": now.isoformat(),
-        "run": dict(run),
+        "run": dict(run) if isinstance(run, Mapping) else run.to_dict(),
     }
     try:
         return jsonio.dumps(doc, compact=True).encode()
@@ -332,11 +328,11 @@ class BaselineStore:
             ) from None
         return directory
 
-    def save(self, name: str, run: Mapping[str, object]) -> Path:
-        """Write ``run`` as the newest saved run of ``name``; return the file's path."""
+    def save(self, name: str, run: Mapping[str, object] | JsonDocument) -> Path:
+        """Write ``run`` (a :class:`~pytest_llmperf.baseline.schema.SavedSession`, or any JSON
+        object) as the newest saved run of ``name``; return the file's path."""
         validate_name(name)
-        if not isinstance(run, Mapping):
-            raise StoreError(f"cannot save baseline {name!r}: run must be a dict, got {type(run).__name__}")
+        _check_run(name, run)
         directory = self._make_name_dir(name)
         now = datetime.now(timezone.utc)
         run_id = _new_run_id(now)
@@ -659,10 +655,9 @@ class ObjectBaselineStore(BaselineStore):
         except Exception:  # noqa: BLE001, S110 - a probe left behind is harmless; the write worked
             pass
 
-    def save(self, name: str, run: Mapping[str, object]) -> Any:
+    def save(self, name: str, run: Mapping[str, object] | JsonDocument) -> Any:
         validate_name(name)
-        if not isinstance(run, Mapping):
-            raise StoreError(f"cannot save baseline {name!r}: run must be a dict, got {type(run).__name__}")
+        _check_run(name, run)
         now = datetime.now(timezone.utc)
         run_id = _new_run_id(now)
         payload = gzip.compress(_document(name, run, now), compresslevel=6, mtime=0)
@@ -837,6 +832,11 @@ def parse_run(raw: bytes, path: StorePath, mtime_of: Callable[[], datetime]) -> 
     if problems:
         raise BaselineCorrupt(f"{path}: corrupt baseline file: {'; '.join(problems)}")
     return SavedRun(name=name, run_id=stem, path=path, saved_at=saved_at, schema_version=version, run=doc["run"])
+
+
+def _check_run(name: str, run: object) -> None:
+    if not isinstance(run, (Mapping, SavedSession)):
+        raise StoreError(f"cannot save baseline {name!r}: run must be a dict, got {type(run).__name__}")
 
 
 def _parent_name(path: StorePath) -> str:

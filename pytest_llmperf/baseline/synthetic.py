@@ -37,8 +37,7 @@ from pytest_llmperf.objectives import SLO
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from pytest_llmperf.baseline.schema import SavedEntry, SavedTrial
-    from pytest_llmperf.jsonio import JsonFloat
+    from pytest_llmperf.baseline.schema import RunEntry, SavedTrial
 
 # Statistic -> (metric base latency in seconds, quantile, weight of the request noise).
 STATS: dict[str, tuple[float, float, float]] = {
@@ -70,7 +69,7 @@ def _requests(rng: np.random.Generator, n: int, trials: int) -> np.ndarray:
 
 def synthetic_session(rng: np.random.Generator, *, tests: int = 3, launches: int = 1, trials_per_launch: int = 2,
                       noise: NoiseModel | None = None, stats: tuple[str, ...] = tuple(STATS),
-                      effects: Mapping[tuple[int | None, str], float] | None = None) -> dict[str, SavedEntry]:
+                      effects: Mapping[tuple[int | None, str], float] | None = None) -> dict[str, RunEntry]:
     """One CI job's saved ``tests`` (run key -> entry) under ``noise`` (module docstring). Each
     entry's summary holds what the gate reads of it: request and failure counts, and the sample
     counts of the TTFT and TPOT distributions (their statistics, throughputs and goodput are
@@ -82,7 +81,7 @@ def synthetic_session(rng: np.random.Generator, *, tests: int = 3, launches: int
     shared = [runner + rng.normal(0, noise.launch_cv) for _ in range(launches)]
     error_p = [min(0.5, noise.error_rate * math.exp(rng.normal(0, noise.error_cv) - noise.error_cv ** 2 / 2))
                for _ in range(launches)]
-    out: dict[str, SavedEntry] = {}
+    out: dict[str, RunEntry] = {}
     slo = SLO.parse({s: (1.0 if s.startswith("ttft") else 0.05) for s in stats})
     for j in range(tests):
         trials: list[SavedTrial] = []
@@ -92,7 +91,7 @@ def synthetic_session(rng: np.random.Generator, *, tests: int = 3, launches: int
             noise_r = _requests(rng, noise.requests, trials_per_launch)
             for t in range(trials_per_launch):
                 level = base + rng.normal(0, noise.trial_cv)
-                values: dict[str, JsonFloat] = {}
+                values: dict[str, float | None] = {}
                 ttft = 0.05 * whole * np.exp(level + noise_r[t])
                 for s in stats:
                     scale, q, weight = STATS[s]

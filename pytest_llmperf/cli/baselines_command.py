@@ -111,6 +111,8 @@ def _format_list(store: BaselineStore) -> str:
         try:
             newest = store.load(entries[0].path)
             summary = _fingerprint_summary(newest.fingerprint)
+            # A listing shows what each name's newest file says of itself, leniently, like ``show``:
+            # the store holds any JSON object, and a file the gate refuses is still listed.
             commit = _commit_summary(Provenance.from_dict(newest.run.get("provenance")))
         except FileNotFoundError:
             summary = "(deleted while listing)"
@@ -146,6 +148,8 @@ def _fingerprint_summary(fp: Mapping[str, object] | None) -> str:
 
 
 def _format_show(saved: SavedRun) -> str:
+    """The file as it is stored (read leniently: ``show`` is how a user looks into a file the gate
+    refuses, so nothing here requires it to be a well-formed session)."""
     lines = [
         f"baseline   {saved.name}",
         f"run        {saved.run_id}",

@@ -2,7 +2,9 @@
 
 Each side is a baseline name in the store (its newest run) or a file: a ``.json.gz`` from the
 store, a plain ``.json`` with the same ``{"tests": {key: entry}}`` shape, or an ``llmperf.json``
-report (whose trials keep their statistics, so trials-mode comparisons still work).
+report (whose trials keep their statistics, so trials-mode comparisons still work). Either is read
+once into the typed saved session of :mod:`pytest_llmperf.baseline.schema`, every field checked;
+a file of another shape is a usage error naming the file and the field.
 
 The decision is the plugin's: both run the one :class:`~pytest_llmperf.baseline.gate.GateSession`
 (family, tolerance, run and capacity entries, Bonferroni then Holm), so running this on the files
@@ -25,8 +27,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_llmperf.baseline.compare import RunComparison, headline
-from pytest_llmperf.baseline.gate import BISECT_ABORT, GateSession, GateSettings, bisect_status, node_of
-from pytest_llmperf.baseline.history import open_baseline, run_entries
+from pytest_llmperf.baseline.gate import BISECT_ABORT, GateSession, GateSettings, bisect_status
+from pytest_llmperf.baseline.history import open_baseline
+from pytest_llmperf.baseline.schema import SavedSession
 from pytest_llmperf.baseline.sessions import PRIOR_SESSION_CV
 from pytest_llmperf.baseline.store import (
     DEFAULT_ROOT,
@@ -42,13 +45,16 @@ from pytest_llmperf.defaults import DEFAULT_HISTORY
 from pytest_llmperf.errors import InputError, cli_flag, pytest_flag
 from pytest_llmperf.fingerprint import FingerprintError, FingerprintMismatch
 from pytest_llmperf.objectives import SLOError
-from pytest_llmperf.provenance import Provenance
 from pytest_llmperf.report.terminal import verdict_lines
+from pytest_llmperf.run_key import RunKey
 from pytest_llmperf.stats import DEFAULT_ALPHA, DEFAULT_TOLERANCE, Comparison
 
 if TYPE_CHECKING:
-    from pytest_llmperf.baseline.schema import SavedEntry
+    from pytest_llmperf.baseline.schema import CapacityEntry, RunEntry
+    from pytest_llmperf.provenance import Provenance
     from pytest_llmperf.report.model import ReportDocument
+
+    Entries = Mapping[str, RunEntry | CapacityEntry]
 
 PROG = "llmperf compare"
 ALLOW_FLAG = "--allow-diff"
@@ -65,16 +71,16 @@ class RunSource:
 
     spec: str  # what the user typed
     path: StorePath
-    entries: dict[str, SavedEntry]
+    entries: Entries
     name: str | None = None  # the baseline name when read from the store
     # The saved sessions behind a baseline name (newest first, ``entries`` first of them), from
     # which the gate learns session noise, as the plugin's --llmperf-history does.
-    sessions: list[dict[str, SavedEntry]] = field(default_factory=list)
+    sessions: list[Entries] = field(default_factory=list)
     session_ids: list[str] = field(default_factory=list)
     rebase_note: str | None = None  # the baseline name's history was started anew (History.rebase_note)
     provenance: Provenance | None = None  # the commit the run measured (its newest, for a name)
 
-    def history(self) -> tuple[list[dict[str, SavedEntry]], list[str]]:
+    def history(self) -> tuple[list[Entries], list[str]]:
         if self.sessions:
             return self.sessions, self.session_ids
         return [self.entries], [str(self.path)]
@@ -92,7 +98,7 @@ class CompareResult:
     only_baseline: list[str] = field(default_factory=list)
     only_candidate: list[str] = field(default_factory=list)
     strict: bool = False
-    baseline_entries: dict[str, Sequence[SavedEntry]] = field(default_factory=dict)
+    baseline_entries: dict[str, Sequence[RunEntry | CapacityEntry]] = field(default_factory=dict)
     # Runs refused by the fingerprint check (key -> the refusal, naming the differing fields):
     # each fails, as the plugin fails that test; the others are judged all the same.
     not_comparable: dict[str, str] = field(default_factory=dict)
@@ -133,40 +139,44 @@ def load_side(spec: str, store: BaselineStore, history: int = 1, *, baseline: bo
             saved = load_run(path)
         except FileNotFoundError:
             raise CompareError(f"{spec}: no such file") from None
-        return RunSource(spec, path, entries_from_document(saved.run, path),
-                         provenance=Provenance.from_dict(saved.run.get("provenance")))
+        session = session_of_document(saved.run, path)
+        return RunSource(spec, path, session.tests, provenance=session.provenance)
     if path.is_dir():
         raise CompareError(f"{spec}: is a directory; give a baseline name or a saved run file (.json.gz or .json)")
     # Store errors (missing name, corrupt or malformed newest file, bad name) carry their own
     # clear message. The baseline is opened as the plugin opens --llmperf-baseline.
     if not baseline:
         newest = store.latest(spec)
-        return RunSource(spec, newest.path, run_entries(newest.run, newest.path), name=spec,
-                         provenance=Provenance.from_dict(newest.run.get("provenance")))
+        return RunSource(spec, newest.path, newest.session.tests, name=spec, provenance=newest.session.provenance)
     opened = open_baseline(store, spec, history=history)
     if not opened.sessions:
         raise CompareError(f"baseline {spec!r}: {opened.rebase_note()}: nothing to compare with yet",
                            remedy=f"save a session on the new setup with {{flag}} {spec}", option="save")
     return RunSource(spec, opened.newest.path, opened.entries, name=spec, sessions=opened.sessions,
                      session_ids=opened.session_ids, rebase_note=opened.rebase_note(),
-                     provenance=Provenance.from_dict(opened.newest.run.get("provenance")))
+                     provenance=opened.newest.session.provenance)
 
 
-def entries_from_document(doc: Any, path: StorePath) -> dict[str, SavedEntry]:
-    """Run entries by key from a saved session (``tests`` maps keys to entries) or from an
-    ``llmperf.json`` report (``tests`` lists tests, each with its ``runs``), checked as the gate
-    needs them (:func:`~pytest_llmperf.baseline.history.run_entries`)."""
+# What a report's run holds of the entry it was built from (its other keys are the gate's verdicts).
+_RECORDED_IN_REPORT = ("label", "workload", "slo", "fingerprint", "summary", "trials")
+
+
+def session_of_document(doc: Any, path: StorePath) -> SavedSession:
+    """The saved session a file holds: a saved session (``tests`` maps keys to entries) or an
+    ``llmperf.json`` report (``tests`` lists tests, each with its ``runs``, each run the entry it
+    was built from), read and checked (:meth:`~pytest_llmperf.baseline.schema.SavedSession.parse`).
+    Raises :class:`CompareError` naming the file and the field."""
     if isinstance(doc, Mapping) and isinstance(doc.get("tests"), list):
-        doc = {"tests": _entries_from_report(doc["tests"], path)}
+        doc = {"tests": _entries_from_report(doc["tests"], path), "provenance": doc.get("provenance")}
     try:
-        return run_entries(doc, path)
+        return SavedSession.parse(doc, source=str(path))
     except BaselineCorrupt as exc:
         raise CompareError(str(exc)) from None
 
 
-def _entries_from_report(tests: list[object], path: StorePath) -> dict[str, SavedEntry]:
-    """A report's runs as the run entries they were built from (as recorded, unchecked)."""
-    entries: dict[str, SavedEntry] = {}
+def _entries_from_report(tests: list[object], path: StorePath) -> dict[str, dict[str, object]]:
+    """A report's runs as the JSON of the run entries they were built from (checked by the caller)."""
+    entries: dict[str, dict[str, object]] = {}
     for i, test in enumerate(tests):
         runs = test.get("runs") if isinstance(test, Mapping) else None
         if not isinstance(runs, list):
@@ -174,20 +184,7 @@ def _entries_from_report(tests: list[object], path: StorePath) -> dict[str, Save
         for j, run in enumerate(runs):
             if not isinstance(run, Mapping) or not isinstance(run.get("key"), str):
                 raise CompareError(f"{path}: tests[{i}].runs[{j}] has no 'key'")
-            entry: SavedEntry = {}
-            if "label" in run:
-                entry["label"] = run["label"]
-            if "workload" in run:
-                entry["workload"] = run["workload"]
-            if "slo" in run:
-                entry["slo"] = run["slo"]
-            if "fingerprint" in run:
-                entry["fingerprint"] = run["fingerprint"]
-            if "summary" in run:
-                entry["summary"] = run["summary"]
-            if "trials" in run:
-                entry["trials"] = run["trials"]
-            entries[run["key"]] = entry
+            entries[run["key"]] = {k: run[k] for k in _RECORDED_IN_REPORT if k in run}
     return entries
 
 
@@ -225,7 +222,7 @@ def compare_runs(
     gate = GateSession.from_sessions(sessions, GateSettings(tolerance=tolerance, alpha=alpha, allow=tuple(allow),
                                                             strict=strict), session_ids=ids,
                                      prior_session_cv=prior_session_cv)
-    tests = {node_of(k) for k in candidate.entries}
+    tests = {RunKey.parse(k).nodeid for k in candidate.entries}
     try:
         gate.plan(lambda nodeid: nodeid in tests)
     except SLOError as exc:
@@ -233,14 +230,18 @@ def compare_runs(
     not_comparable: dict[str, str] = {}
     for key in common:
         try:
-            gate.judge(key, candidate.entries[key])
+            if gate.judge(key, candidate.entries[key]) is None:
+                # One side's entry is a capacity search, the other's a run: an llmperf.json report
+                # keeps a search as a run without its result, so there is nothing to judge it by.
+                not_comparable[key] = ("not comparable: a capacity search on one side, a test run on the other "
+                                       "(an llmperf.json report does not keep a search's result; compare saved runs)")
         except FingerprintMismatch as exc:
             not_comparable[key] = f"not comparable: {exc.render(cli_flag)}"
         except FingerprintError as exc:
             raise CompareError(f"{key}: bad fingerprint: {exc}") from None
         except SLOError as exc:
             raise CompareError(f"{key}: {exc}") from None
-        except (KeyError, TypeError, ValueError, IndexError, BaselineCorrupt) as exc:
+        except BaselineCorrupt as exc:  # packed samples that do not decode
             raise CompareError(
                 f"{key}: malformed run entry in {baseline.path} or {candidate.path}: {type(exc).__name__}: {exc}"
             ) from None
@@ -284,7 +285,7 @@ def report_document(result: CompareResult, baseline: RunSource, candidate: RunSo
     outcomes: dict[str, str] = {}
     gate_errors: dict[str, str] = dict(result.not_comparable)
     for key in candidate.entries:
-        nodeid = key.rsplit("#", 1)[0]
+        nodeid = RunKey.parse(key).nodeid
         failed = key in comparisons and bool(comparisons[key].regressions(result.strict))
         failed = failed or key in result.not_comparable
         if result.strict and key in result.only_candidate:
@@ -411,5 +412,5 @@ def compare_main(argv: Sequence[str]) -> int:
     return result.exit_code
 
 
-__all__ = ["CompareError", "CompareResult", "RunSource", "compare_main", "compare_runs", "entries_from_document",
-           "format_result", "load_side", "report_document", "write_outputs"]
+__all__ = ["CompareError", "CompareResult", "RunSource", "compare_main", "compare_runs", "format_result", "load_side",
+           "report_document", "session_of_document", "write_outputs"]

@@ -22,11 +22,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from pytest_llmperf import jsonio
-from pytest_llmperf.baseline.history import DEFAULT_HISTORY, load_history, session_provenance, session_tests
+from pytest_llmperf.baseline.history import DEFAULT_HISTORY, load_history
 from pytest_llmperf.baseline.store import DEFAULT_ROOT, BaselineStore, RebaseMarkDict, StoreError
 from pytest_llmperf.cli.options import add_shared_argument
 from pytest_llmperf.errors import pytest_flag
 from pytest_llmperf.formatting import fmt_number, table
+from pytest_llmperf.run_key import RunKey
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -35,12 +36,6 @@ if TYPE_CHECKING:
     from pytest_llmperf.provenance import Provenance
 
 PROG = "llmperf history"
-
-
-def _short(key: str) -> str:
-    nodeid, _, index = key.rpartition("#")
-    name = (nodeid or key).split("::")[-1]
-    return name if index in ("", "0") else f"{name} #{index}"
 
 
 def format_ranges(series: StatSeries, provenance: Mapping[str, Provenance | None]) -> list[str]:
@@ -66,7 +61,7 @@ def format_series(series: StatSeries) -> str:
     tail = f" {unit}" if unit else ""
     marks = f"  ({len(series.change_points)} change point{'s' if len(series.change_points) != 1 else ''})" \
         if series.change_points else ""
-    return f"{_short(series.key)} · {series.stat}: {' '.join(cells)}{tail}{marks}"
+    return f"{RunKey.parse(series.key).short} · {series.stat}: {' '.join(cells)}{tail}{marks}"
 
 
 class NoiseStat(TypedDict):
@@ -104,7 +99,7 @@ def noise_report(history: History) -> NoiseReport:
     from pytest_llmperf.baseline.gate import GateSession
     from pytest_llmperf.baseline.sessions import MIN_SESSIONS, PRIOR_SESSION_CV, cv_of
 
-    gate = GateSession.from_sessions([session_tests(run) for run in history.runs],
+    gate = GateSession.from_sessions([run.session.tests for run in history.runs],
                                      session_ids=[run.run_id for run in history.runs])
     model = gate.model
     stats: list[NoiseStat] = []
@@ -139,14 +134,14 @@ def format_noise(report: NoiseReport) -> str:
              "change point)"]
     if report["session_wide_cv"] is not None:
         lines.append(f"session-wide shift (one launch's speed, shared by every statistic): CV {_cv(report['session_wide_cv'])}")
-    rows = [[_short(s["key"]), s["stat"], str(s["sessions"]), _cv(s["session_cv"]), _cv(s["specific_cv"]),
+    rows = [[RunKey.parse(s["key"]).short, s["stat"], str(s["sessions"]), _cv(s["session_cv"]), _cv(s["specific_cv"]),
              _cv(s["trial_cv"]), "prior" if s["prior"] else ""]
             for s in report["stats"]]
     if rows:
         lines.append(table(["test", "statistic", "sessions", "session CV", "beyond shift", "trial CV", ""], rows,
                            left=2))
     for key, notes in report["notes"].items():
-        lines.extend(f"note: {_short(key)}: {note}" for note in notes)
+        lines.extend(f"note: {RunKey.parse(key).short}: {note}" for note in notes)
     if report["suggested_session_cv"] is not None:
         lines.append(f"suggested --llmperf-session-cv {report['suggested_session_cv']:.3f} (the median session CV "
                      f"over {report['statistics_measured']} statistic(s); the gate assumes it while a history is "
@@ -235,7 +230,7 @@ def _span(history: History) -> str:
     """`` (commits 0123456789 .. abcdef0123)``: the oldest and newest session's commits, when recorded."""
     if not history.runs:
         return ""
-    oldest, newest = session_provenance(history.runs[-1]), session_provenance(history.runs[0])
+    oldest, newest = history.runs[-1].session.provenance, history.runs[0].session.provenance
     if (oldest is None or oldest.commit is None) and (newest is None or newest.commit is None):
         return ""
     ends = [p.short if p is not None and p.commit else "?" for p in (oldest, newest)]

@@ -28,25 +28,27 @@ says so.
 from __future__ import annotations
 
 import functools
-import json
 import math
 import warnings
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from pytest_llmperf.baseline.history import change_points, run_entries, session_value
-from pytest_llmperf.baseline.schema import entry_gated_stats, is_capacity
-from pytest_llmperf.baseline.store import BaselineCorrupt, BaselineTooNew, StoreError
+from pytest_llmperf.baseline.history import change_points, session_value
+from pytest_llmperf.baseline.schema import is_capacity
 from pytest_llmperf.defaults import DEFAULT_HISTORY
-from pytest_llmperf.provenance import CommitRange, Provenance
+from pytest_llmperf.errors import BaselineCorrupt, BaselineTooNew, StoreError
+from pytest_llmperf.provenance import CommitRange
+from pytest_llmperf.run_key import RunKey
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
     from datetime import datetime
 
-    from pytest_llmperf.baseline.schema import GatedStat, SavedEntry
+    from pytest_llmperf.baseline.gated import GatedStat
+    from pytest_llmperf.baseline.schema import CapacityEntry, RunEntry
     from pytest_llmperf.baseline.store import BaselineStore, RebaseMark
+    from pytest_llmperf.fingerprint import Fingerprint
+    from pytest_llmperf.provenance import Provenance
     from pytest_llmperf.stats import Comparison
 
 CONFIDENCE = 0.90
@@ -64,7 +66,7 @@ class Session:
     saved_at: datetime
     provenance: Provenance | None
     launches: int | None
-    tests: Mapping[str, SavedEntry]
+    tests: Mapping[str, RunEntry | CapacityEntry]
 
     @property
     def number(self) -> int:
@@ -158,9 +160,7 @@ class StatHistory:
     @property
     def test(self) -> str:
         """The test's name and, past the first run of the test, the run index: ``test_chat #1``."""
-        nodeid, _, index = self.key.rpartition("#")
-        name = (nodeid or self.key).split("::")[-1]
-        return name if index in ("", "0") else f"{name} #{index}"
+        return RunKey.parse(self.key).short
 
     @property
     def setups(self) -> int:
@@ -213,16 +213,14 @@ def load_site_data(store: BaselineStore, name: str, *, limit: int | None = DEFAU
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 run = store.load(entry.path)
-                tests = run_entries(run.run, entry.path)
+                session = run.session
         except FileNotFoundError:
             continue  # pruned while listing
         except (BaselineCorrupt, BaselineTooNew, StoreError) as exc:
             data.skipped.append(Skipped(str(entry.path), str(exc)))
             continue
-        launches = run.run.get("launches")
-        count = launches.get("count") if isinstance(launches, Mapping) else None
-        loaded.append((run.run_id, run.saved_at, Provenance.from_dict(run.run.get("provenance")),
-                       count if isinstance(count, int) else None, tests))
+        count = session.launches["count"] if session.launches is not None else None
+        loaded.append((run.run_id, run.saved_at, session.provenance, count, session.tests))
     data.sessions = [Session(i, *row) for i, row in enumerate(loaded)]
     marks = store.rebases(name) if hasattr(store, "rebases") else []
     for mark in sorted(marks, key=lambda m: m.mark_id):
@@ -243,22 +241,25 @@ def _stat_histories(sessions: Sequence[Session], rebased_at: set[int]) -> list[S
         keys.extend(k for k in s.tests if k not in keys)
     out = []
     for key in sorted(keys):
-        present = [(s, s.tests[key]) for s in sessions if key in s.tests and not is_capacity(s.tests[key])]
+        present: list[tuple[Session, RunEntry]] = []
+        for s in sessions:
+            found = s.tests.get(key)
+            if found is not None and not is_capacity(found):
+                present.append((s, found))
         if not present:
             continue
         newest = present[-1][1]
-        described = {g.key: g for g in _gated(newest)}
+        described = {g.key: g for g in newest.gated_stats()}
         stats: list[str] = list(described)
         for _, entry in present:
-            for trial in entry.get("trials") or []:
-                stats.extend(k for k in trial.get("stats", {}) if k not in stats)
-        setups: list[str] = []
+            for trial in entry.trials:
+                stats.extend(k for k in trial.stats if k not in stats)
+        setups: list[Fingerprint] = []
         setup_of = []
         for _, entry in present:
-            fp = json.dumps(entry.get("fingerprint"), sort_keys=True, default=str)
-            if fp not in setups:
-                setups.append(fp)
-            setup_of.append(setups.index(fp))
+            if entry.fingerprint not in setups:
+                setups.append(entry.fingerprint)
+            setup_of.append(setups.index(entry.fingerprint))
         changes = [SetupChange(present[i][0].index, _differing(present[i - 1][1], present[i][1]))
                    for i in range(1, len(present)) if setup_of[i] != setup_of[i - 1]]
         for stat in stats:
@@ -285,13 +286,6 @@ def _stat_histories(sessions: Sequence[Session], rebased_at: set[int]) -> list[S
     return out
 
 
-def _gated(entry: SavedEntry) -> list[GatedStat]:
-    try:
-        return entry_gated_stats(entry)
-    except (ValueError, KeyError, TypeError):
-        return []
-
-
 def _describe(stat: str, g: GatedStat | None) -> tuple[str, bool, str]:
     if g is not None:
         return g.unit, g.higher_is_better, g.kind
@@ -302,14 +296,14 @@ def _describe(stat: str, g: GatedStat | None) -> tuple[str, bool, str]:
     return "s", False, "latency"
 
 
-def _differing(before: SavedEntry, after: SavedEntry) -> tuple[str, ...]:
-    a, b = before.get("fingerprint") or {}, after.get("fingerprint") or {}
+def _differing(before: RunEntry, after: RunEntry) -> tuple[str, ...]:
+    a, b = before.fingerprint.to_dict(), after.fingerprint.to_dict()
     keys = sorted(set(a) | set(b))
     return tuple(k for k in keys if a.get(k) != b.get(k))
 
 
-def _point(index: int, entry: SavedEntry, stat: str, kind: str, g: GatedStat | None) -> Point | None:
-    trials = entry.get("trials") or []
+def _point(index: int, entry: RunEntry, stat: str, kind: str, g: GatedStat | None) -> Point | None:
+    trials = entry.trials
     if kind == "counts":
         return _count_point(index, entry, stat, g, len(trials))
     value = session_value(entry, stat)
@@ -318,10 +312,10 @@ def _point(index: int, entry: SavedEntry, stat: str, kind: str, g: GatedStat | N
     logs: list[float] = []
     by_launch: dict[int, list[float]] = {}
     for t in trials:
-        v = t.get("stats", {}).get(stat)
-        if isinstance(v, (int, float)) and v > 0 and math.isfinite(v):
+        v = t.stats.get(stat)
+        if v is not None and v > 0 and math.isfinite(v):
             logs.append(math.log(v))
-            by_launch.setdefault(int(t.get("launch") or 0), []).append(math.log(v))
+            by_launch.setdefault(t.launch, []).append(math.log(v))
     low = high = None
     if len(logs) >= 2:
         mean = sum(logs) / len(logs)
@@ -339,18 +333,18 @@ def _t_quantile(df: int) -> float:
     return float(sps.t.ppf(0.5 + CONFIDENCE / 2, df))
 
 
-def _count_point(index: int, entry: SavedEntry, stat: str, g: GatedStat | None, trials: int) -> Point | None:
+def _count_point(index: int, entry: RunEntry, stat: str, g: GatedStat | None, trials: int) -> Point | None:
     num_key, den_key = g.count_keys if g is not None else ("failed", "requests")
-    summary: Mapping[str, object] = entry.get("summary") or {}
-    num, den = summary.get(num_key), summary.get(den_key)
+    summary = entry.summary
+    num, den = (getattr(summary, num_key), getattr(summary, den_key)) if summary is not None else (None, None)
     if isinstance(num, (int, float)) and isinstance(den, (int, float)) and den > 0:
         p = float(num) / float(den)
         z = 1.6448536269514722  # 90% two-sided
         centre = (p + z * z / (2 * den)) / (1 + z * z / den)
         half = z * math.sqrt(p * (1 - p) / den + z * z / (4 * den * den)) / (1 + z * z / den)
         return Point(index, p, max(0.0, centre - half), min(1.0, centre + half), trials)
-    values = [t.get("stats", {}).get(stat) for t in entry.get("trials") or []]
-    finite = [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+    values = [t.stats.get(stat) for t in entry.trials]
+    finite = [v for v in values if v is not None and math.isfinite(v)]
     return Point(index, sum(finite) / len(finite), trials=trials) if finite else None
 
 
@@ -379,7 +373,7 @@ def _geomean(values: Sequence[float]) -> float:
 def _replay_verdicts(data: SiteData, count: int, history: int) -> None:
     """The gate's verdicts on each of the newest ``count`` sessions against the ``history``
     sessions before it (those after the newest rebase marker before it)."""
-    from pytest_llmperf.baseline.gate import GateSession, GateSettings, node_of
+    from pytest_llmperf.baseline.gate import GateSession, GateSettings
 
     by_name = {(h.key, h.stat): h for h in data.stats}
     rebases = [i for i, _ in data.rebases]
@@ -393,7 +387,7 @@ def _replay_verdicts(data: SiteData, count: int, history: int) -> None:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 gate = GateSession.from_sessions(before, GateSettings())
-                gate.plan({node_of(k) for k in s.tests}.__contains__)
+                gate.plan({RunKey.parse(k).nodeid for k in s.tests}.__contains__)
                 for key, entry in s.tests.items():
                     if key in gate.baseline and not is_capacity(entry):
                         try:

@@ -67,7 +67,7 @@ if TYPE_CHECKING:
     from pytest_llmperf.kinds import ApiName
     from pytest_llmperf.load.loadgen import LoadOutcome
     from pytest_llmperf.objectives import SLO
-    from pytest_llmperf.telemetry.gpu import GpuTelemetry
+    from pytest_llmperf.telemetry_data import GpuTelemetry
     from pytest_llmperf.timeslices import Timeslices
     from pytest_llmperf.traffic.images import ImageSpec
     from pytest_llmperf.workload import Workload
@@ -187,7 +187,7 @@ class Runner:
         if workload.trace is not None or workload.dataset is not None:
             return None  # the file decides what repeats; there is no cold/warm claim to check
         if tools_tokens is None:
-            return CacheCheck(workload.cache, None, "unavailable",
+            return CacheCheck(expected=workload.cache, held=None,
                               message=f"{workload.cache} cache state unverified: the tools every prompt carries "
                                       "are shared by design, and the server's /tokenize cannot say how long they are")
         template = max(0.0, token_model.overhead) + tools_tokens if workload.api == "chat" else 0.0

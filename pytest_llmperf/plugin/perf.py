@@ -25,6 +25,7 @@ from pytest_llmperf.objectives import SLO, SLOError, check, check_applies
 from pytest_llmperf.plugin.modes import RunRequest
 from pytest_llmperf.plugin.progress import ProgressPrinter
 from pytest_llmperf.plugin.state import in_ci, nodeid_of
+from pytest_llmperf.run_key import RunKey
 from pytest_llmperf.servers.manager import answers
 from pytest_llmperf.stats import DEFAULT_TRIALS, ReasonKind
 from pytest_llmperf.workload import NotAWorkload, Workload
@@ -91,7 +92,7 @@ class LLMPerf:
         # calibrated default when saving or comparing, one trial otherwise.
         asked = trials or _marker_trials(self.slos) or workload.trials or opts.trials
         n_trials = asked or session.default_trials()
-        key = f"{nodeid_of(self._item)}#{len(self.results)}"
+        key = str(RunKey(nodeid_of(self._item), len(self.results)))
         gate = session.gate
         # Adaptive trials against a stored baseline that has the run, where a run takes the
         # calibrated default of trials on one launch (plugin.mode_stored).
@@ -206,7 +207,7 @@ class LLMPerf:
             pytest.skip("llmperf: capacity searches run on the last launch only")
         printer = self._printer(turn.label)
         n = len(self.capacities) + 1
-        key = f"{nodeid_of(self._item)}#capacity{n - 1}"
+        key = str(RunKey(nodeid_of(self._item), n - 1, capacity=True))
         try:
             # A step that fell behind is the search's answer, not a run to repeat.
             config = dataclasses.replace(self._runner_config(turn.server, printer), rerun_invalid=False,

@@ -20,11 +20,10 @@ from pytest_llmperf.baseline.gate import (
     GateSession,
     GateSettings,
     bisect_status,
-    node_of,
 )
 from pytest_llmperf.baseline.history import open_baseline
 from pytest_llmperf.baseline.plan import MAX_LAUNCHES, Layout, Spread, plan_costs, plan_session, unjudgeable
-from pytest_llmperf.baseline.schema import gated_stats, session_document
+from pytest_llmperf.baseline.schema import gated_stats, parse_entry, session_document
 from pytest_llmperf.baseline.store import BaselineMissing, BaselineStore, StoreError, StoreWarning, validate_name
 from pytest_llmperf.errors import pytest_flag
 from pytest_llmperf.fingerprint import FingerprintMismatch
@@ -34,6 +33,7 @@ from pytest_llmperf.plugin import distributed
 from pytest_llmperf.plugin.mode_choice import choose_mode
 from pytest_llmperf.plugin.state import API_KEY_KEY, SLO_KEY, in_ci, is_perf_item, nodeid_of
 from pytest_llmperf.provenance import Provenance, RevisionError, detect, parse_revision
+from pytest_llmperf.run_key import RunKey
 from pytest_llmperf.servers.pair import CANDIDATE
 from pytest_llmperf.servers.process import ProcessReaper
 from pytest_llmperf.stats import DEFAULT_TRIALS
@@ -310,7 +310,7 @@ class LLMPerfSession:
         if not baseline.sessions:
             return baseline  # rebased, and no session saved since: no baseline yet
         self._baseline_source = str(baseline.newest.path)
-        self._baseline_provenance = Provenance.from_dict(baseline.newest.run.get("provenance"))
+        self._baseline_provenance = baseline.newest.session.provenance
         self._gate = GateSession.from_sessions(baseline.sessions, settings, session_ids=baseline.session_ids,
                                                prior_session_cv=opts.session_cv)
         self._gate.plan(lambda nodeid: nodeid in selected_tests)
@@ -330,7 +330,7 @@ class LLMPerfSession:
             for line in reach_notes:
                 tr.write_line(f"  {line}")
             floors = unjudgeable({key: entries[0] for key, entries in self._gate.baseline.items()
-                                  if entries and node_of(key) in selected_tests})
+                                  if entries and RunKey.parse(key).nodeid in selected_tests})
             if floors and (opts.strict or in_ci()):
                 tr.write_line("  (a statistic that cannot be judged fails its test under "
                               f"{'--llmperf-strict' if opts.strict else 'CI=true'}, in every pull request until "
@@ -345,13 +345,15 @@ class LLMPerfSession:
         if not opts.save and self._gate is None:
             return None
         gate = self._gate
-        selected = [key for key in (gate.baseline if gate is not None else {}) if node_of(key) in selected_tests]
+        selected = [key for key in (gate.baseline if gate is not None else {})
+                    if RunKey.parse(key).nodeid in selected_tests]
         if gate is not None and gate.model is not None:
             spread = Spread.from_model(gate.model, [n for n in gate.model.stats if n[0] in selected])
         else:
             spread = Spread.from_prior(opts.session_cv, sessions=len(opened.sessions) if opened is not None else 0)
-        costs = plan_costs(opened.sessions if opened is not None else [], opened.newest.run if opened is not None
-                           else None, selected, measuring=len(selected_tests))
+        costs = plan_costs(opened.sessions if opened is not None else [],
+                           opened.newest.session if opened is not None and opened.sessions else None, selected,
+                           measuring=len(selected_tests))
         family = gate.family_size if gate is not None else max(family_size or 1, 1)
         # A server given by URL cannot be relaunched; xdist workers measure from one launch.
         one_launch = bool(opts.url) or distributed.under_xdist(self._config)
@@ -484,7 +486,7 @@ class LLMPerfSession:
         if not self._baselines_prepared:
             self.prepare_baselines(set(payload.get("selected") or ()))
         for key, entry in (payload.get("entries") or {}).items():
-            self.record(key, entry)
+            self.record(key, parse_entry(entry, source=f"xdist worker's entry {key!r}"))
         for key, checks in (payload.get("slo_checks") or {}).items():
             self._slo_checks[key] = [SLOCheck(**c) for c in checks]
         self._outcomes.update(payload.get("outcomes") or {})

@@ -13,20 +13,17 @@ from typing import TYPE_CHECKING
 from pytest_llmperf.report.model import (
     SCHEMA_VERSION,
     BaselineReport,
-    JsonReader,
     ReportDocument,
-    ReportFormatError,
     RunReport,
     TestReport,
-    TrialReport,
 )
+from pytest_llmperf.run_key import RunKey
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
     from pytest_llmperf.baseline.compare import RunComparison
-    from pytest_llmperf.baseline.schema import SavedEntry
-    from pytest_llmperf.metrics import Summary
+    from pytest_llmperf.baseline.schema import CapacityEntry, RunEntry
     from pytest_llmperf.objectives import SLOCheck
     from pytest_llmperf.provenance import Provenance
     from pytest_llmperf.report.model import LaunchReport, ReferenceReport, ServerReport
@@ -35,9 +32,9 @@ __all__ = ["SCHEMA_VERSION", "build_document"]
 
 
 def build_document(
-    entries: Mapping[str, SavedEntry],
+    entries: Mapping[str, RunEntry | CapacityEntry],
     *,
-    baseline: Mapping[str, Sequence[SavedEntry]] | None = None,
+    baseline: Mapping[str, Sequence[RunEntry | CapacityEntry]] | None = None,
     comparisons: Mapping[str, RunComparison] | None = None,
     slo_checks: Mapping[str, Sequence[SLOCheck]] | None = None,
     gate_errors: Mapping[str, str] | None = None,
@@ -52,7 +49,8 @@ def build_document(
     provenance: Provenance | None = None,
     baseline_provenance: Provenance | None = None,
 ) -> ReportDocument:
-    """Assemble the report from run entries (``baseline.schema.run_entry``) keyed ``<nodeid>#<i>``.
+    """Assemble the report from typed run entries (:mod:`pytest_llmperf.baseline.schema`) keyed
+    by :class:`~pytest_llmperf.run_key.RunKey` (``<nodeid>#<i>``).
 
     ``baseline``: per key, the baseline entries the run was judged against (the first one's
     summary and trials are shown). ``reference``: in A/B mode, what the baseline is (the reference
@@ -60,8 +58,7 @@ def build_document(
     ``history_note``: what a stored baseline's history says of itself (``History.rebase_note``:
     started anew on purpose, and when). ``strict``: INCONCLUSIVE fails. ``provenance``: the commit
     the session measured and its CI run; ``baseline_provenance``: the commit of the stored
-    baseline's newest session. Raises
-    :class:`~pytest_llmperf.report.model.ReportFormatError` on an entry that is not a run entry.
+    baseline's newest session.
     """
     comparisons = comparisons or {}
     slo_checks = slo_checks or {}
@@ -70,11 +67,13 @@ def build_document(
     baseline = baseline or {}
     runs: dict[str, list[RunReport]] = {}
     for key, entry in entries.items():
-        run = RunReport.recorded(key, JsonReader(entry, f"entries[{key!r}]"))
+        run = RunReport.recorded(key, entry)
         comparison = comparisons[key] if key in comparisons else None
         base_entries = list(baseline[key]) if key in baseline else []
-        base_summary, base_trials = _baseline_side(key, base_entries[0]) if base_entries else (None, ())
-        runs.setdefault(key.rsplit("#", 1)[0], []).append(dataclasses.replace(
+        # The baseline entry the run was judged against: its summary and trials are shown.
+        base_summary = base_entries[0].summary if base_entries else None
+        base_trials = tuple(base_entries[0].trials) if base_entries else ()
+        runs.setdefault(RunKey.parse(key).nodeid, []).append(dataclasses.replace(
             run,
             slo_checks=tuple(slo_checks[key]) if key in slo_checks else (),
             verdicts=tuple(comparison.comparisons) if comparison is not None else (),
@@ -97,18 +96,6 @@ def build_document(
         strict=strict,
         provenance=provenance if provenance is not None and provenance.known else None,
     )
-
-
-def _baseline_side(key: str, entry: SavedEntry) -> tuple[Summary | None, tuple[TrialReport, ...]]:
-    """The summary and trials of the baseline entry a run was judged against. The gate checked
-    the trials; a summary it never reads (one saved by an older version, say) that does not parse
-    leaves the report without the baseline's values for SLO rows rather than without a report."""
-    reader = JsonReader(entry, f"baseline[{key!r}][0]")
-    try:
-        summary = reader.summary("summary")
-    except ReportFormatError:
-        summary = None
-    return summary, tuple(TrialReport.read(t) for t in reader.objects("trials"))
 
 
 def _baseline(name: str | None, source: str | None, reference: ReferenceReport | None,

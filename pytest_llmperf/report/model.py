@@ -22,14 +22,18 @@ Shape::
                                           reference: ReferenceReport | None (A/B: label, launches,
                                           server, stopped); kind "reference" (A/B) or "stored"
       tests      (TestReport, ...)        nodeid, name, outcome (passed|failed|error|skipped|unknown)
-        runs     (RunReport, ...)         key (<nodeid>#<i>), label, workload and fingerprint (as
-                                          recorded), slo: SLO, summary: Summary, cache_check: CacheCheck,
-                                          telemetry: ServerMetricsReport per trial, gpu: GpuReport per trial,
+        runs     (RunReport, ...)         key (<nodeid>#<i>), label, workload (as recorded),
+                                          fingerprint: Fingerprint, slo: SLO, summary: Summary,
+                                          cache_check: CacheCheck,
+                                          telemetry: ServerTelemetry per trial, gpu: GpuTelemetry per
+                                          trial (both pytest_llmperf.telemetry_data),
                                           slo_checks: SLOCheck, verdicts: Comparison, allowed_diffs,
                                           gate_error, baseline_summary: Summary; derived: slo_passed,
                                           fails(strict), invalid_reasons
-          trials, baseline_trials (TrialReport, ...)  index, launch, started_at, window_s, censored,
-                                          stats {gated statistic: value}, samples, timeslices: Timeslices
+          trials, baseline_trials (SavedTrial, ...)  the saved trials themselves
+                                          (pytest_llmperf.baseline.schema): index, launch, started_at,
+                                          window_s, censored, stats {gated statistic: value}, samples,
+                                          timeslices: Timeslices
 
 ``samples`` are packed arrays (see :func:`pytest_llmperf.baseline.samples.pack_samples`);
 ``llmperf.json`` drops them (:meth:`ReportDocument.without_samples`) to stay small and diffable, the
@@ -45,8 +49,11 @@ derived ``counts``, ``headline``, ``slo_passed`` and ``baseline.kind``, with dom
 own ``to_dict`` form; a run's ``telemetry`` and ``gpu`` are null when not recorded.
 :meth:`ReportDocument.from_json_dict` reads it back: the one place external report JSON is parsed,
 each part by its ``read`` classmethod through a :class:`JsonReader`, whose errors name the JSON path
-(:class:`ReportFormatError`); :func:`~pytest_llmperf.report.document.build_document` reads saved
-run entries the same way. ``from_json_dict(to_json_dict(m)) == m`` (up to NaN, which equals nothing).
+(:class:`ReportFormatError`); the values a run shares with a saved entry (trials, summary, SLO,
+fingerprint, cache check, telemetry) are read by their own typed parsers
+(:mod:`pytest_llmperf.baseline.schema`, :mod:`pytest_llmperf.jsonmodel`).
+:func:`~pytest_llmperf.report.document.build_document` takes saved entries already typed (read once,
+where they were loaded) and parses nothing. ``from_json_dict(to_json_dict(m)) == m`` (up to NaN, which equals nothing).
 Floats stay Python floats in ``to_json_dict`` (NaN, ±inf): :func:`pytest_llmperf.report.writers.to_json`
 makes strict JSON of them (NaN as null, ±inf as ``"inf"``/``"-inf"``, which ``read`` accepts).
 """
@@ -57,29 +64,30 @@ import dataclasses
 import numbers
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeVar
+from dataclasses import dataclass
+from typing import TypeVar
 
 from pytest_llmperf._version import __version__
+from pytest_llmperf.baseline.schema import CapacityEntry, RunEntry, SavedTrial
 from pytest_llmperf.cache_check import CacheCheck
 from pytest_llmperf.errors import InputError
+from pytest_llmperf.fingerprint import Fingerprint
 from pytest_llmperf.jsonio import decode_float
+from pytest_llmperf.jsonmodel import JsonModel
 from pytest_llmperf.metrics import Summary
 from pytest_llmperf.objectives import SLO, SLOCheck
 from pytest_llmperf.provenance import Provenance
 from pytest_llmperf.stats import VERDICTS, Comparison, headline_from_counts
-from pytest_llmperf.timeslices import Timeslices
-
-if TYPE_CHECKING:
-    from pytest_llmperf.baseline.samples import PackedSamples
+from pytest_llmperf.telemetry_data import GpuTelemetry, ServerTelemetry
 
 T = TypeVar("T")
+M = TypeVar("M", bound=JsonModel)
 
 SCHEMA_VERSION = 1
 OUTCOMES = ("passed", "failed", "error", "skipped", "unknown")
 
-# A JSON object the report carries as it was recorded (a run's workload, its fingerprint) and does
-# not interpret; ``object`` values make a reader check what it finds.
+# A JSON object the report carries as it was recorded (a run's workload) and does not interpret;
+# ``object`` values make a reader check what it finds.
 RecordedJson = Mapping[str, object]
 
 
@@ -201,9 +209,16 @@ class JsonReader:
             out.append(number)
         return tuple(out)
 
-    def number_map(self, key: str) -> dict[str, float]:
-        reader = self.child(key)
-        return {} if reader is None else {k: reader.number(k) for k in reader.data}
+    def recorded_list(self, key: str, cls: type[M]) -> tuple[M | None, ...]:
+        """An array of typed values (:class:`~pytest_llmperf.jsonmodel.JsonModel`), null entries
+        kept as None; an absent key or null is empty."""
+        return tuple(None if item is None else cls.from_dict(item, source=f"{self.at(key)}[{i}]", error=ReportFormatError)
+                     for i, item in enumerate(self.array(key)))
+
+    def trials(self, key: str) -> tuple[SavedTrial, ...]:
+        """An array of saved trials (:class:`~pytest_llmperf.baseline.schema.SavedTrial`)."""
+        return tuple(SavedTrial.from_dict(item, source=f"{self.at(key)}[{i}]", error=ReportFormatError)
+                     for i, item in enumerate(self.array(key)))
 
     def recorded(self, key: str) -> RecordedJson | None:
         """A JSON object carried as recorded (null stays None)."""
@@ -269,216 +284,7 @@ def _slo_check(reader: JsonReader) -> SLOCheck:
     )
 
 
-def _cache_check(reader: JsonReader | None) -> CacheCheck | None:
-    if reader is None:
-        return None
-    return CacheCheck(expected=reader.text("expected"), held=reader.opt_flag("held"),
-                      source=reader.opt_text("source") or "unavailable", hit_tokens=reader.opt_number("hit_tokens"),
-                      query_tokens=reader.opt_number("query_tokens"), message=reader.opt_text("message") or "")
-
-
-def _packed(reader: JsonReader) -> PackedSamples:
-    shape = []
-    for size in reader.array("shape"):
-        if isinstance(size, bool) or not isinstance(size, int):
-            raise ReportFormatError(f"{reader.at('shape')}: expected an array of integers, got {_kind(size)}")
-        shape.append(size)
-    return {"codec": reader.text("codec"), "dtype": reader.text("dtype"), "shape": shape, "data": reader.text("data")}
-
-
-# ---------------------------------------------------------------------- telemetry
-
-
-@dataclass(frozen=True)
-class MetricsSnapshot:
-    """One scrape of the server's ``/metrics``, normalised (telemetry's ``Snapshot``)."""
-
-    time_s: float
-    values: Mapping[str, float] = field(default_factory=dict)
-    engine: str = "unknown"
-    raw_count: int = 0
-
-    def to_json_dict(self) -> dict[str, object]:
-        return {"time_s": self.time_s, "values": dict(self.values), "engine": self.engine,
-                "raw_count": self.raw_count}
-
-    @classmethod
-    def read(cls, reader: JsonReader) -> MetricsSnapshot:
-        return cls(time_s=reader.number("time_s"), values=reader.number_map("values"),
-                   engine=reader.opt_text("engine") or "unknown", raw_count=reader.integer("raw_count", 0))
-
-
-@dataclass(frozen=True)
-class ServerMetricsReport:
-    """What the server's own metrics said about one trial (telemetry's ``ServerTelemetry``):
-    counter increases (``deltas``), gauge peaks, the gauge series and the scrapes before/after."""
-
-    available: bool
-    reason: str | None = None
-    engine: str = "unknown"
-    url: str | None = None
-    interval_s: float = 1.0
-    before: MetricsSnapshot | None = None
-    after: MetricsSnapshot | None = None
-    deltas: Mapping[str, float] = field(default_factory=dict)
-    # (t_s, running, waiting, kv_usage) per scrape
-    series: tuple[tuple[float, float | None, float | None, float | None], ...] = ()
-    peaks: Mapping[str, float] = field(default_factory=dict)
-    scrapes: int = 0
-    failed_scrapes: int = 0
-    counter_resets: tuple[str, ...] = ()
-
-    def to_json_dict(self) -> dict[str, object]:
-        return {
-            "available": self.available, "reason": self.reason, "engine": self.engine, "url": self.url,
-            "interval_s": self.interval_s,
-            "before": self.before.to_json_dict() if self.before else None,
-            "after": self.after.to_json_dict() if self.after else None,
-            "deltas": dict(self.deltas), "series": [list(p) for p in self.series], "peaks": dict(self.peaks),
-            "scrapes": self.scrapes, "failed_scrapes": self.failed_scrapes, "counter_resets": list(self.counter_resets),
-        }
-
-    @classmethod
-    def read(cls, reader: JsonReader) -> ServerMetricsReport:
-        before, after = reader.child("before"), reader.child("after")
-        series = []
-        for i, point in enumerate(reader.array("series")):
-            values = [decode_float(v) for v in point] if isinstance(point, (list, tuple)) else []
-            if len(values) != 4 or values[0] is None:
-                raise ReportFormatError(f"{reader.at('series')}[{i}]: expected [t_s, running, waiting, kv_usage]")
-            series.append((values[0], values[1], values[2], values[3]))
-        return cls(
-            available=reader.flag("available"), reason=reader.opt_text("reason"),
-            engine=reader.opt_text("engine") or "unknown", url=reader.opt_text("url"),
-            interval_s=reader.number("interval_s", 1.0),
-            before=MetricsSnapshot.read(before) if before else None,
-            after=MetricsSnapshot.read(after) if after else None,
-            deltas=reader.number_map("deltas"), series=tuple(series), peaks=reader.number_map("peaks"),
-            scrapes=reader.integer("scrapes", 0), failed_scrapes=reader.integer("failed_scrapes", 0),
-            counter_resets=reader.strings("counter_resets"),
-        )
-
-
-@dataclass(frozen=True)
-class GpuDeviceReport:
-    """One GPU over a trial (telemetry's ``GpuDeviceStats``); None where NVML could not read it."""
-
-    index: int
-    name: str
-    memory_total_bytes: int | None = None
-    memory_used_peak_bytes: int | None = None
-    utilization_mean_pct: float | None = None
-    utilization_max_pct: float | None = None
-    sm_clock_min_mhz: float | None = None
-    sm_clock_mean_mhz: float | None = None
-    power_mean_w: float | None = None
-    power_max_w: float | None = None
-    energy_j: float | None = None
-    temperature_mean_c: float | None = None
-    temperature_max_c: float | None = None
-    clock_event_reasons: tuple[str, ...] = ()
-    throttle_reasons: tuple[str, ...] = ()
-    samples: int = 0
-
-    def to_json_dict(self) -> dict[str, object]:
-        out: dict[str, object] = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        out["clock_event_reasons"] = list(self.clock_event_reasons)
-        out["throttle_reasons"] = list(self.throttle_reasons)
-        return out
-
-    @classmethod
-    def read(cls, reader: JsonReader) -> GpuDeviceReport:
-        floats = {name: reader.opt_number(name) for name in (
-            "utilization_mean_pct", "utilization_max_pct", "sm_clock_min_mhz", "sm_clock_mean_mhz", "power_mean_w",
-            "power_max_w", "energy_j", "temperature_mean_c", "temperature_max_c")}
-        return cls(index=reader.integer("index"), name=reader.text("name"),
-                   memory_total_bytes=reader.opt_integer("memory_total_bytes"),
-                   memory_used_peak_bytes=reader.opt_integer("memory_used_peak_bytes"),
-                   clock_event_reasons=reader.strings("clock_event_reasons"),
-                   throttle_reasons=reader.strings("throttle_reasons"), samples=reader.integer("samples", 0),
-                   **floats)
-
-
-@dataclass(frozen=True)
-class GpuReport:
-    """GPU telemetry over one trial (telemetry's ``GpuTelemetry``): totals over all devices and
-    each device; ``available`` False (with ``reason``) where NVML could not be read."""
-
-    available: bool
-    reason: str | None = None
-    interval_s: float = 0.5
-    duration_s: float | None = None
-    energy_j: float | None = None
-    power_mean_w: float | None = None
-    power_max_w: float | None = None
-    throttled: bool = False
-    throttle_reasons: tuple[str, ...] = ()
-    devices: tuple[GpuDeviceReport, ...] = ()
-
-    def to_json_dict(self) -> dict[str, object]:
-        return {
-            "available": self.available, "reason": self.reason, "interval_s": self.interval_s,
-            "duration_s": self.duration_s, "energy_j": self.energy_j, "power_mean_w": self.power_mean_w,
-            "power_max_w": self.power_max_w, "throttled": self.throttled,
-            "throttle_reasons": list(self.throttle_reasons), "devices": [d.to_json_dict() for d in self.devices],
-        }
-
-    @classmethod
-    def read(cls, reader: JsonReader) -> GpuReport:
-        return cls(
-            available=reader.flag("available"), reason=reader.opt_text("reason"),
-            interval_s=reader.number("interval_s", 0.5), duration_s=reader.opt_number("duration_s"),
-            energy_j=reader.opt_number("energy_j"), power_mean_w=reader.opt_number("power_mean_w"),
-            power_max_w=reader.opt_number("power_max_w"), throttled=reader.flag("throttled", False),
-            throttle_reasons=reader.strings("throttle_reasons"),
-            devices=tuple(GpuDeviceReport.read(d) for d in reader.objects("devices")),
-        )
-
-
 # ---------------------------------------------------------------------- runs
-
-
-@dataclass(frozen=True)
-class TrialReport:
-    """One trial of a run: its gated statistics (``inf`` where failures push a percentile
-    beyond every successful request; None where undefined), the per-request samples the plots
-    draw, and its timeslices."""
-
-    index: int
-    window_s: float
-    stats: Mapping[str, float | None] = field(default_factory=dict)
-    launch: int = 0  # which server launch (A/B: block) measured it, 0-based
-    started_at: str | None = None
-    censored: bool = False  # latency stats count failed requests as +inf (False in older trials)
-    samples: Mapping[str, PackedSamples] = field(default_factory=dict)
-    timeslices: Timeslices | None = None
-
-    def to_json_dict(self, *, samples: bool = True) -> dict[str, object]:
-        out: dict[str, object] = {
-            "index": self.index, "launch": self.launch, "started_at": self.started_at, "window_s": self.window_s,
-            "censored": self.censored, "stats": dict(self.stats),
-        }
-        if samples and self.samples:
-            out["samples"] = {k: dict(v) for k, v in self.samples.items()}
-        if self.timeslices is not None:
-            out["timeslices"] = self.timeslices.to_dict()
-        return out
-
-    @classmethod
-    def read(cls, reader: JsonReader) -> TrialReport:
-        stats = reader.child("stats")
-        samples = reader.child("samples")
-        timeslices = reader.value("timeslices")
-        parsed = None if timeslices is None else _parsed(
-            "timeslices", reader.at("timeslices"), Timeslices.from_dict, timeslices)
-        return cls(
-            index=reader.integer("index"), window_s=reader.number("window_s"),
-            stats={} if stats is None else {k: stats.opt_number(k) for k in stats.data},
-            launch=reader.opt_integer("launch") or 0,
-            started_at=reader.opt_text("started_at"), censored=bool(reader.opt_flag("censored")),
-            samples={} if samples is None else {k: _packed(JsonReader(v, samples.at(k))) for k, v in samples.data.items()},
-            timeslices=parsed,
-        )
 
 
 @dataclass(frozen=True)
@@ -489,20 +295,20 @@ class RunReport:
     key: str
     label: str
     workload: RecordedJson | None = None
-    fingerprint: RecordedJson | None = None
+    fingerprint: Fingerprint | None = None
     slo: SLO | None = None
     summary: Summary | None = None
     cache_check: CacheCheck | None = None
     # per trial, None where not sampled; empty when not recorded at all
-    telemetry: tuple[ServerMetricsReport | None, ...] = ()
-    gpu: tuple[GpuReport | None, ...] = ()
+    telemetry: tuple[ServerTelemetry | None, ...] = ()
+    gpu: tuple[GpuTelemetry | None, ...] = ()
     slo_checks: tuple[SLOCheck, ...] = ()
     verdicts: tuple[Comparison, ...] = ()
     allowed_diffs: tuple[str, ...] = ()
     gate_error: str | None = None
     baseline_summary: Summary | None = None
-    trials: tuple[TrialReport, ...] = ()
-    baseline_trials: tuple[TrialReport, ...] = ()
+    trials: tuple[SavedTrial, ...] = ()
+    baseline_trials: tuple[SavedTrial, ...] = ()
 
     @property
     def slo_passed(self) -> bool | None:
@@ -529,20 +335,20 @@ class RunReport:
 
     def without_samples(self) -> RunReport:
         return dataclasses.replace(
-            self, trials=tuple(dataclasses.replace(t, samples={}) for t in self.trials),
-            baseline_trials=tuple(dataclasses.replace(t, samples={}) for t in self.baseline_trials))
+            self, trials=tuple(t.model_copy(update={"samples": {}}) for t in self.trials),
+            baseline_trials=tuple(t.model_copy(update={"samples": {}}) for t in self.baseline_trials))
 
     def to_json_dict(self, *, samples: bool = True) -> dict[str, object]:
         return {
             "key": self.key, "label": self.label,
             "workload": dict(self.workload) if self.workload is not None else None,
-            "fingerprint": dict(self.fingerprint) if self.fingerprint is not None else None,
+            "fingerprint": self.fingerprint.to_dict() if self.fingerprint is not None else None,
             "slo": self.slo.to_dict() if self.slo is not None else None,
             "summary": self.summary.to_dict() if self.summary is not None else None,
             "cache_check": self.cache_check.to_dict() if self.cache_check is not None else None,
             # null when not recorded (a capacity search, a run read back from llmperf.json by compare)
-            "telemetry": [t.to_json_dict() if t is not None else None for t in self.telemetry] or None,
-            "gpu": [g.to_json_dict() if g is not None else None for g in self.gpu] or None,
+            "telemetry": [t.to_dict() if t is not None else None for t in self.telemetry] or None,
+            "gpu": [g.to_dict() if g is not None else None for g in self.gpu] or None,
             "slo_checks": [c.to_dict() for c in self.slo_checks],
             "slo_passed": self.slo_passed,
             "verdicts": [v.to_dict() for v in self.verdicts],
@@ -554,30 +360,42 @@ class RunReport:
         }
 
     @classmethod
-    def recorded(cls, key: str, reader: JsonReader) -> RunReport:
-        """A run with what it recorded about itself, read from a saved entry
-        (``baseline.schema.SavedEntry``) or a report's run; no SLO checks, verdicts or baseline."""
-        label = reader.value("label", key)
+    def recorded(cls, key: str, entry: RunEntry | CapacityEntry) -> RunReport:
+        """A run with what it recorded about itself, from its saved entry (typed already); no SLO
+        checks, verdicts or baseline."""
+        run = entry if isinstance(entry, RunEntry) else None
         return cls(
-            key=key, label=str(label) if label is not None else key,
-            workload=reader.recorded("workload"), fingerprint=reader.recorded("fingerprint"),
-            slo=reader.slo("slo"), summary=reader.summary("summary"),
-            cache_check=_cache_check(reader.child("cache_check")),
-            telemetry=tuple(None if t is None else ServerMetricsReport.read(t)
-                            for t in reader.children("telemetry")),
-            gpu=tuple(None if g is None else GpuReport.read(g) for g in reader.children("gpu")),
-            trials=tuple(TrialReport.read(t) for t in reader.objects("trials")),
+            key=key, label=entry.label if entry.label is not None else key,
+            workload=run.workload if run is not None else None, fingerprint=entry.fingerprint, slo=entry.slo,
+            summary=entry.summary, cache_check=run.cache_check if run is not None else None,
+            telemetry=tuple(run.telemetry) if run is not None else (), gpu=tuple(run.gpu) if run is not None else (),
+            trials=tuple(entry.trials),
         )
 
     @classmethod
     def read(cls, reader: JsonReader) -> RunReport:
-        return dataclasses.replace(
-            cls.recorded(reader.text("key"), reader),
+        """A run of a report document (:meth:`to_json_dict`); a null ``telemetry`` or ``gpu`` was
+        not recorded."""
+        key = reader.text("key")
+        label = reader.value("label", key)
+        fingerprint = reader.value("fingerprint")
+        cache_check = reader.value("cache_check")
+        return cls(
+            key=key, label=str(label) if label is not None else key,
+            workload=reader.recorded("workload"),
+            fingerprint=None if fingerprint is None else _parsed("fingerprint", reader.at("fingerprint"),
+                                                               Fingerprint.from_dict, fingerprint),
+            slo=reader.slo("slo"), summary=reader.summary("summary"),
+            cache_check=None if cache_check is None else CacheCheck.from_dict(
+                cache_check, source=reader.at("cache_check"), error=ReportFormatError),
+            telemetry=reader.recorded_list("telemetry", ServerTelemetry),
+            gpu=reader.recorded_list("gpu", GpuTelemetry),
+            trials=reader.trials("trials"),
             slo_checks=tuple(_slo_check(c) for c in reader.objects("slo_checks")),
             verdicts=tuple(_comparison(v) for v in reader.objects("verdicts")),
             allowed_diffs=reader.strings("allowed_diffs"), gate_error=reader.opt_text("gate_error"),
             baseline_summary=reader.summary("baseline_summary"),
-            baseline_trials=tuple(TrialReport.read(t) for t in reader.objects("baseline_trials")),
+            baseline_trials=reader.trials("baseline_trials"),
         )
 
 
@@ -847,7 +665,7 @@ def run_names(doc: ReportDocument) -> dict[str, str]:
 
 
 __all__ = [
-    "OUTCOMES", "SCHEMA_VERSION", "BaselineReport", "GpuDeviceReport", "GpuReport", "JsonReader", "LaunchReport",
-    "MetricsSnapshot", "RecordedJson", "ReferenceReport", "ReportDocument", "ReportFormatError",
-    "RunReport", "ServerMetricsReport", "ServerReport", "TestReport", "TrialReport", "run_names",
+    "OUTCOMES", "SCHEMA_VERSION", "BaselineReport", "JsonReader", "LaunchReport",
+    "RecordedJson", "ReferenceReport", "ReportDocument", "ReportFormatError",
+    "RunReport", "ServerReport", "TestReport", "run_names",
 ]

@@ -40,9 +40,10 @@ PLOTS_MISSING_NOTE = "plots skipped: pip install pytest-llmperf[plots]"
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
 
+    from pytest_llmperf.baseline.schema import SavedTrial
     from pytest_llmperf.metrics import Summary
     from pytest_llmperf.objectives import SLO
-    from pytest_llmperf.report.model import ReportDocument, RunReport, TrialReport
+    from pytest_llmperf.report.model import ReportDocument, RunReport
     from pytest_llmperf.timeslices import Timeslices
 
 FORMATS = ("png", "svg")
@@ -231,7 +232,7 @@ def draw_figure(figure: PlannedFigure, out_dir: Path) -> list[Path] | str:
 # ---------------------------------------------------------------------- data
 
 
-def samples(trials: Sequence[TrialReport]) -> dict[str, list[np.ndarray]]:
+def samples(trials: Sequence[SavedTrial]) -> dict[str, list[np.ndarray]]:
     """Packed per-request samples of some trials, unpacked per series name."""
     out: dict[str, list[np.ndarray]] = {}
     for trial in trials:

@@ -10,6 +10,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from pytest_llmperf.formatting import fmt_pct, fmt_s, table
+from pytest_llmperf.run_key import RunKey
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -87,17 +88,9 @@ def progress_line(label: str, p: Any) -> str:
             f"{p.failed} failed, {p.in_flight} in flight{ttft}")
 
 
-def short_key(key: str) -> str:
-    """A run key as a test name: ``test_chat`` for ``tests/t.py::test_chat#0``, ``test_chat #1``
-    for its second run."""
-    nodeid, _, index = key.rpartition("#")
-    name = (nodeid or key).split("::")[-1]
-    return name if index in ("", "0") else f"{name} #{index}"
-
-
 def run_labels(keys: Sequence[str]) -> dict[str, str]:
     """Test names for a table; the full key where two files hold tests of the same name."""
-    short = {k: short_key(k) for k in keys}
+    short = {k: RunKey.parse(k).short for k in keys}
     counts = Counter(short.values())
     return {k: name if counts[name] == 1 else k for k, name in short.items()}
 

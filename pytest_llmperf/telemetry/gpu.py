@@ -8,6 +8,10 @@ to watch. The sampler and the inventory open NVML and list devices through the s
 (:func:`load_nvml`, :func:`list_devices`, :func:`visible_devices`), so both see the same GPUs, and
 both narrow them to ``CUDA_VISIBLE_DEVICES`` like a locally launched engine would.
 
+What they produce (:class:`~pytest_llmperf.telemetry_data.GpuTelemetry`, the
+:class:`~pytest_llmperf.telemetry_data.GpuInventory`) is defined in
+:mod:`pytest_llmperf.telemetry_data`, with the other data the side channels record.
+
 Sampling runs in a thread, not on the event loop: NVML calls block in the driver (a power reading
 can take milliseconds), which would show up as client event-loop lag in the load generator.
 """
@@ -19,16 +23,21 @@ import math
 import os
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from pytest_llmperf.errors import InputError
+from pytest_llmperf.telemetry_data import (
+    DEFAULT_GPU_INTERVAL_S,
+    NO_GPU,
+    GpuDeviceStats,
+    GpuInventory,
+    GpuTelemetry,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
     from types import ModuleType
-
-DEFAULT_GPU_INTERVAL_S = 0.5
 
 # NVML clocks-event (formerly "throttle") reason bits, from nvml.h. Kept here rather than read
 # from pynvml because older bindings lack the newer names; the bit values are ABI-stable.
@@ -52,53 +61,6 @@ THROTTLING_REASONS = frozenset(
 _NVML_CLOCK_SM = 1  # NVML_CLOCK_SM in nvml.h
 _NVML_TEMPERATURE_GPU = 0  # NVML_TEMPERATURE_GPU in nvml.h
 _MIB = 1024 * 1024
-
-
-class GpuInventory(TypedDict):
-    """This machine's GPUs, as a run's fingerprint records them (:func:`collect_gpu`)."""
-
-    gpu_name: str
-    gpu_count: int
-    gpu_driver: str
-
-
-NO_GPU: GpuInventory = {"gpu_name": "none", "gpu_count": 0, "gpu_driver": "none"}
-
-
-class GpuDeviceStatsDict(TypedDict):
-    """:meth:`GpuDeviceStats.to_dict`."""
-
-    index: int
-    name: str
-    memory_total_bytes: int | None
-    memory_used_peak_bytes: int | None
-    utilization_mean_pct: float | None
-    utilization_max_pct: float | None
-    sm_clock_min_mhz: float | None
-    sm_clock_mean_mhz: float | None
-    power_mean_w: float | None
-    power_max_w: float | None
-    energy_j: float | None
-    temperature_mean_c: float | None
-    temperature_max_c: float | None
-    clock_event_reasons: list[str]
-    throttle_reasons: list[str]
-    samples: int
-
-
-class GpuTelemetryDict(TypedDict):
-    """:meth:`GpuTelemetry.to_dict`: the fields, and the totals derived from the devices."""
-
-    available: bool
-    reason: str | None
-    interval_s: float
-    duration_s: float | None
-    energy_j: float | None
-    power_mean_w: float | None
-    power_max_w: float | None
-    throttled: bool
-    throttle_reasons: list[str]
-    devices: list[GpuDeviceStatsDict]
 
 
 def decode_clock_event_reasons(mask: int) -> list[str]:
@@ -195,126 +157,6 @@ def collect_gpu(nvml: Any = None, environ: Mapping[str, str] | None = None) -> G
         return {"gpu_name": "none", "gpu_count": 0, "gpu_driver": driver or "none"}
     names = sorted({d.name for d in devices})
     return {"gpu_name": " + ".join(names), "gpu_count": len(devices), "gpu_driver": driver or "none"}
-
-
-@dataclass
-class GpuDeviceStats:
-    """One device over the sampling window. Fields are None where NVML could not read them."""
-
-    index: int
-    name: str
-    memory_total_bytes: int | None = None
-    memory_used_peak_bytes: int | None = None
-    utilization_mean_pct: float | None = None
-    utilization_max_pct: float | None = None
-    sm_clock_min_mhz: float | None = None
-    sm_clock_mean_mhz: float | None = None
-    power_mean_w: float | None = None
-    power_max_w: float | None = None
-    # Energy over the window: NVML's energy counter where the device has one (Volta and later),
-    # else power integrated over the samples (trapezoids). None when neither can be read.
-    energy_j: float | None = None
-    temperature_mean_c: float | None = None
-    temperature_max_c: float | None = None
-    # Every non-idle clocks-event reason seen in any sample, and the throttling subset of it.
-    clock_event_reasons: list[str] = field(default_factory=list)
-    throttle_reasons: list[str] = field(default_factory=list)
-    samples: int = 0
-
-    @property
-    def throttled(self) -> bool:
-        return bool(self.throttle_reasons)
-
-    def to_dict(self) -> GpuDeviceStatsDict:
-        return {
-            "index": self.index,
-            "name": self.name,
-            "memory_total_bytes": self.memory_total_bytes,
-            "memory_used_peak_bytes": self.memory_used_peak_bytes,
-            "utilization_mean_pct": self.utilization_mean_pct,
-            "utilization_max_pct": self.utilization_max_pct,
-            "sm_clock_min_mhz": self.sm_clock_min_mhz,
-            "sm_clock_mean_mhz": self.sm_clock_mean_mhz,
-            "power_mean_w": self.power_mean_w,
-            "power_max_w": self.power_max_w,
-            "energy_j": self.energy_j,
-            "temperature_mean_c": self.temperature_mean_c,
-            "temperature_max_c": self.temperature_max_c,
-            "clock_event_reasons": list(self.clock_event_reasons),
-            "throttle_reasons": list(self.throttle_reasons),
-            "samples": self.samples,
-        }
-
-    @classmethod
-    def from_dict(cls, data: GpuDeviceStatsDict) -> GpuDeviceStats:
-        return cls(
-            index=data["index"], name=data["name"], memory_total_bytes=data.get("memory_total_bytes"),
-            memory_used_peak_bytes=data.get("memory_used_peak_bytes"),
-            utilization_mean_pct=data.get("utilization_mean_pct"), utilization_max_pct=data.get("utilization_max_pct"),
-            sm_clock_min_mhz=data.get("sm_clock_min_mhz"), sm_clock_mean_mhz=data.get("sm_clock_mean_mhz"),
-            power_mean_w=data.get("power_mean_w"), power_max_w=data.get("power_max_w"), energy_j=data.get("energy_j"),
-            temperature_mean_c=data.get("temperature_mean_c"), temperature_max_c=data.get("temperature_max_c"),
-            clock_event_reasons=list(data.get("clock_event_reasons", [])),
-            throttle_reasons=list(data.get("throttle_reasons", [])), samples=data.get("samples", 0),
-        )
-
-
-@dataclass
-class GpuTelemetry:
-    """GPU state over a run: per-device stats and whether any device throttled."""
-
-    available: bool
-    reason: str | None = None
-    interval_s: float = DEFAULT_GPU_INTERVAL_S
-    devices: list[GpuDeviceStats] = field(default_factory=list)
-    duration_s: float | None = None
-    # The highest total (all devices) power of any one sample.
-    power_max_w: float | None = None
-
-    @property
-    def energy_j(self) -> float | None:
-        """Energy of all devices over the window (None when no device could tell)."""
-        values = [d.energy_j for d in self.devices if d.energy_j is not None]
-        return float(sum(values)) if values else None
-
-    @property
-    def power_mean_w(self) -> float | None:
-        """Mean total power of all devices (the sum of their means)."""
-        values = [d.power_mean_w for d in self.devices if d.power_mean_w is not None]
-        return float(sum(values)) if values else None
-
-    @property
-    def throttled(self) -> bool:
-        return any(d.throttled for d in self.devices)
-
-    @property
-    def throttle_reasons(self) -> list[str]:
-        return sorted({r for d in self.devices for r in d.throttle_reasons})
-
-    def to_dict(self) -> GpuTelemetryDict:
-        return {
-            "available": self.available,
-            "reason": self.reason,
-            "interval_s": self.interval_s,
-            "duration_s": self.duration_s,
-            "energy_j": self.energy_j,
-            "power_mean_w": self.power_mean_w,
-            "power_max_w": self.power_max_w,
-            "throttled": self.throttled,
-            "throttle_reasons": self.throttle_reasons,
-            "devices": [d.to_dict() for d in self.devices],
-        }
-
-    @classmethod
-    def from_dict(cls, data: GpuTelemetryDict) -> GpuTelemetry:
-        return cls(
-            available=bool(data["available"]),
-            reason=data.get("reason"),
-            interval_s=float(data.get("interval_s", DEFAULT_GPU_INTERVAL_S)),
-            devices=[GpuDeviceStats.from_dict(d) for d in data.get("devices", [])],
-            duration_s=data.get("duration_s"),
-            power_max_w=data.get("power_max_w"),
-        )
 
 
 class _DeviceAccumulator:

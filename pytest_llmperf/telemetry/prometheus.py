@@ -14,12 +14,13 @@ Stripping the suffix makes both spellings meet.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from pytest_llmperf.errors import InputError
+from pytest_llmperf.telemetry_data import MetricsSnapshot
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -135,50 +136,6 @@ class TelemetryError(InputError):
     """An exposition that cannot be read or holds nothing usable; the message says why."""
 
 
-class _SnapshotDictBase(TypedDict):
-    time_s: float
-
-
-class SnapshotDict(_SnapshotDictBase, total=False):
-    """:meth:`Snapshot.to_dict` (a missing key reads as its default)."""
-
-    values: dict[str, float]
-    engine: str
-    raw_count: int
-
-
-@dataclass
-class Snapshot:
-    """One scrape, normalised.
-
-    ``time_s`` is on the run's clock (seconds since the run's origin, like RequestRecord times).
-    ``values`` holds only the keys of :data:`VOCABULARY` the engine exports; a missing key means
-    "not exported", never zero. ``raw_count`` is the number of samples in the exposition.
-    """
-
-    time_s: float
-    values: dict[str, float] = field(default_factory=dict)
-    engine: str = "unknown"
-    raw_count: int = 0
-
-    def to_dict(self) -> SnapshotDict:
-        return {
-            "time_s": self.time_s,
-            "values": dict(self.values),
-            "engine": self.engine,
-            "raw_count": self.raw_count,
-        }
-
-    @classmethod
-    def from_dict(cls, data: SnapshotDict) -> Snapshot:
-        return cls(
-            time_s=float(data["time_s"]),
-            values={str(k): float(v) for k, v in dict(data.get("values", {})).items()},
-            engine=str(data.get("engine", "unknown")),
-            raw_count=int(data.get("raw_count", 0)),
-        )
-
-
 def _present(candidate: str, by_name: Mapping[str, list[float]]) -> bool:
     return all(part in by_name for part in candidate.split("+"))
 
@@ -194,8 +151,8 @@ def _model_of(labels: Mapping[str, str]) -> str | None:
     return None
 
 
-def parse_exposition(text: str, *, time_s: float = 0.0, model: str | None = None) -> Snapshot:
-    """Parse Prometheus text exposition into a :class:`Snapshot`.
+def parse_exposition(text: str, *, time_s: float = 0.0, model: str | None = None) -> MetricsSnapshot:
+    """Parse Prometheus text exposition into a :class:`~pytest_llmperf.telemetry_data.MetricsSnapshot`.
 
     Values are summed over label sets (several engines or models behind one endpoint), except
     ratios, which are averaged. ``model`` keeps only samples whose ``model_name``/``model`` label
@@ -241,7 +198,7 @@ def parse_exposition(text: str, *, time_s: float = 0.0, model: str | None = None
         if matched and (best is None or matched > best[0]):
             best = (matched, spec)
     if best is None:
-        return Snapshot(time_s=time_s, values={}, engine="unknown", raw_count=raw_count)
+        return MetricsSnapshot(time_s=time_s, values={}, engine="unknown", raw_count=raw_count)
 
     spec = best[1]
     values: dict[str, float] = {}
@@ -254,4 +211,4 @@ def parse_exposition(text: str, *, time_s: float = 0.0, model: str | None = None
                 total = math.fsum(found)
                 values[key] = total / len(found) if key in _MEAN_OVER_LABELS else total
                 break
-    return Snapshot(time_s=time_s, values=values, engine=spec.engine, raw_count=raw_count)
+    return MetricsSnapshot(time_s=time_s, values=values, engine=spec.engine, raw_count=raw_count)

@@ -2,7 +2,9 @@
 
 Telemetry is a side channel. Every failure here (no endpoint, a timeout, garbage text) turns into
 ``available=False`` with a reason, and the run goes on: nothing in this module raises into the
-load loop.
+load loop. What a trial's scrapes come to is a
+:class:`~pytest_llmperf.telemetry_data.ServerTelemetry` (defined with the other data the side
+channels record, in :mod:`pytest_llmperf.telemetry_data`).
 """
 
 from __future__ import annotations
@@ -10,23 +12,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from dataclasses import dataclass, field
-from typing import NamedTuple, TypedDict
+from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
 from pytest_llmperf.errors import InputError
-from pytest_llmperf.telemetry.prometheus import (
-    COUNTERS,
-    GAUGES,
-    Snapshot,
-    SnapshotDict,
-    TelemetryError,
-    parse_exposition,
-)
+from pytest_llmperf.telemetry.prometheus import COUNTERS, GAUGES, TelemetryError, parse_exposition
+from pytest_llmperf.telemetry_data import DEFAULT_SCRAPE_INTERVAL_S as DEFAULT_INTERVAL_S
+from pytest_llmperf.telemetry_data import MetricsSnapshot, SeriesPoint, ServerTelemetry
 
-DEFAULT_INTERVAL_S = 1.0
 DEFAULT_TIMEOUT_S = 2.0
 
 
@@ -52,7 +47,7 @@ def metrics_url(url: str) -> str:
 class ScrapeOutcome:
     """A scrape's result: a snapshot, or ``None`` and the reason there is none."""
 
-    snapshot: Snapshot | None
+    snapshot: MetricsSnapshot | None
     reason: str | None = None
 
 
@@ -68,7 +63,7 @@ async def scrape_outcome(
 
     ``client_or_url`` is an API base URL, or an ``httpx.AsyncClient`` whose ``base_url`` points at
     the server (or pass ``url`` explicitly). ``origin_s`` is the run's ``time.perf_counter()``
-    origin, so ``Snapshot.time_s`` lines up with request records; without it, time is absolute
+    origin, so ``MetricsSnapshot.time_s`` lines up with request records; without it, time is absolute
     perf_counter seconds.
     """
     try:
@@ -91,7 +86,7 @@ async def scrape(
     model: str | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     origin_s: float | None = None,
-) -> Snapshot | None:
+) -> MetricsSnapshot | None:
     """Like :func:`scrape_outcome` but returns only the snapshot (``None`` when unavailable)."""
     outcome = await scrape_outcome(
         client_or_url, url=url, model=model, timeout_s=timeout_s, origin_s=origin_s
@@ -133,128 +128,15 @@ async def _fetch_and_parse(
     return ScrapeOutcome(snapshot)
 
 
-class SeriesPoint(NamedTuple):
-    """Gauges at one scrape; ``None`` where the engine does not export the gauge."""
-
-    t_s: float
-    running: float | None
-    waiting: float | None
-    kv_usage: float | None
-
-
-def _point(snapshot: Snapshot) -> SeriesPoint:
+def _point(snapshot: MetricsSnapshot) -> SeriesPoint:
     v = snapshot.values
     return SeriesPoint(snapshot.time_s, v.get("running"), v.get("waiting"), v.get("kv_usage"))
 
 
-class _ServerTelemetryDictBase(TypedDict):
-    available: bool
-
-
-class ServerTelemetryDict(_ServerTelemetryDictBase, total=False):
-    """:meth:`ServerTelemetry.to_dict`; ``series`` rows are ``[t_s, running, waiting, kv_usage]``
-    (a missing key reads as its default)."""
-
-    reason: str | None
-    engine: str
-    url: str | None
-    interval_s: float
-    before: SnapshotDict | None
-    after: SnapshotDict | None
-    deltas: dict[str, float]
-    series: list[list[float | None]]
-    peaks: dict[str, float]
-    scrapes: int
-    failed_scrapes: int
-    counter_resets: list[str]
-
-
-@dataclass
-class ServerTelemetry:
-    """What the server's own metrics said about one run.
-
-    ``deltas`` are counter increases over the run (after - before); a counter that went down
-    (the server restarted) counts from zero, as Prometheus' ``increase()`` does, and is listed in
-    ``counter_resets``. ``peaks`` are the largest gauge values seen in any scrape. ``available``
-    is False when no usable scrape was taken before the run; ``reason`` then says why (it may
-    also be set when available, e.g. the after-run scrape failed and deltas are missing).
-    """
-
-    available: bool
-    reason: str | None = None
-    engine: str = "unknown"
-    url: str | None = None
-    interval_s: float = DEFAULT_INTERVAL_S
-    before: Snapshot | None = None
-    after: Snapshot | None = None
-    deltas: dict[str, float] = field(default_factory=dict)
-    series: list[SeriesPoint] = field(default_factory=list)
-    peaks: dict[str, float] = field(default_factory=dict)
-    scrapes: int = 0
-    failed_scrapes: int = 0
-    counter_resets: list[str] = field(default_factory=list)
-
-    @property
-    def prefix_cache_hit_rate(self) -> float | None:
-        """Prefix-cache hits / queries over the run (tokens), or None when not exported."""
-        queries = self.deltas.get("prefix_cache_queries")
-        hits = self.deltas.get("prefix_cache_hits")
-        if not queries or hits is None:
-            return None
-        return hits / queries
-
-    def to_dict(self) -> ServerTelemetryDict:
-        return {
-            "available": self.available,
-            "reason": self.reason,
-            "engine": self.engine,
-            "url": self.url,
-            "interval_s": self.interval_s,
-            "before": self.before.to_dict() if self.before else None,
-            "after": self.after.to_dict() if self.after else None,
-            "deltas": dict(self.deltas),
-            "series": [list(p) for p in self.series],
-            "peaks": dict(self.peaks),
-            "scrapes": self.scrapes,
-            "failed_scrapes": self.failed_scrapes,
-            "counter_resets": list(self.counter_resets),
-        }
-
-    @classmethod
-    def from_dict(cls, data: ServerTelemetryDict) -> ServerTelemetry:
-        def snap(d: SnapshotDict | None) -> Snapshot | None:
-            return Snapshot.from_dict(d) if d else None
-
-        def opt(x: float | None) -> float | None:
-            return None if x is None else float(x)
-
-        def point(row: list[float | None]) -> SeriesPoint:
-            t_s = row[0]
-            if t_s is None:
-                raise TelemetryError(f"telemetry series: a row without its scrape time: {row!r}")
-            return SeriesPoint(float(t_s), opt(row[1]), opt(row[2]), opt(row[3]))
-
-        return cls(
-            available=bool(data["available"]),
-            reason=data.get("reason"),
-            engine=str(data.get("engine", "unknown")),
-            url=data.get("url"),
-            interval_s=float(data.get("interval_s", DEFAULT_INTERVAL_S)),
-            before=snap(data.get("before")),
-            after=snap(data.get("after")),
-            deltas={str(k): float(v) for k, v in dict(data.get("deltas", {})).items()},
-            series=[point(p) for p in data.get("series", [])],
-            peaks={str(k): float(v) for k, v in dict(data.get("peaks", {})).items()},
-            scrapes=int(data.get("scrapes", 0)),
-            failed_scrapes=int(data.get("failed_scrapes", 0)),
-            counter_resets=[str(x) for x in data.get("counter_resets", [])],
-        )
-
-
 def summarize_snapshots(
-    before: Snapshot | None,
-    during: list[Snapshot],
-    after: Snapshot | None,
+    before: MetricsSnapshot | None,
+    during: list[MetricsSnapshot],
+    after: MetricsSnapshot | None,
     *,
     url: str | None = None,
     interval_s: float = DEFAULT_INTERVAL_S,
@@ -347,8 +229,8 @@ class TelemetrySampler:
         self.timeout_s = timeout_s
         self.model = model
         self.origin_s = time.perf_counter() if origin_s is None else origin_s
-        self._before: Snapshot | None = None
-        self._during: list[Snapshot] = []
+        self._before: MetricsSnapshot | None = None
+        self._during: list[MetricsSnapshot] = []
         self._failed = 0
         self._last_reason: str | None = None
         self._task: asyncio.Task[None] | None = None
@@ -358,7 +240,7 @@ class TelemetrySampler:
     def url(self) -> str:
         return self._url
 
-    async def _scrape(self) -> Snapshot | None:
+    async def _scrape(self) -> MetricsSnapshot | None:
         assert self._client is not None
         outcome = await scrape_outcome(
             self._client,
