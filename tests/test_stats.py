@@ -48,7 +48,9 @@ def test_big_goodput_drop_is_regressed_with_readable_message():
     assert msg.startswith(f"goodput 7.10 → 6.20 req/s ({MINUS}12.7%, 90% CI {MINUS}")
     pct = rf"{MINUS}\d+\.\d%"
     # a fall is judged against the lower bound of the (log-symmetric) 5% tolerance: 1/1.05 − 1
-    expected = rf"goodput 7\.10 → 6\.20 req/s \({MINUS}12\.7%, 90% CI {pct} … {pct}, tolerance {MINUS}4\.76%\)"
+    # ... and the p-value the verdict rests on (one-sided; no multiplicity correction here)
+    expected = (rf"goodput 7\.10 → 6\.20 req/s \({MINUS}12\.7%, 90% CI {pct} … {pct}, tolerance {MINUS}4\.76%, "
+                rf"p = [0-9.e+-]+\)")
     assert re.fullmatch(expected, msg), msg
 
 
@@ -141,7 +143,7 @@ def test_verdict_lines_print_the_tolerance_in_the_direction_of_the_change(higher
     base = [10.0, 10.1, 9.9]
     cand = [v * math.exp(theta) for v in base]
     c = compare_trials("stat", base, cand, higher_is_better=higher_is_better, tolerance=0.5, unit="req/s")
-    assert f"tolerance {tolerance_text})" in c.message(), c.message()
+    assert f"tolerance {tolerance_text}, p = " in c.message(), c.message()
     assert "tolerance 50%" not in c.message()
 
 
