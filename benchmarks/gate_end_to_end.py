@@ -1,21 +1,24 @@
 """The gate end to end on the simulator's noise model: does it stay green on clean changes and go
 red on real ones, across sessions that are separate launches?
 
-    python benchmarks/gate_end_to_end.py [--main 10] [--launches 1] [--aa 20] [--slow 10] [--slowdown 1.15]
-    python benchmarks/gate_end_to_end.py --main 1 --launches 3 --aa 10 --slow 10     # day one
+    python benchmarks/gate_end_to_end.py [--main 10] [--aa 20] [--slow 10] [--slowdown 1.15]   # the plan's layout
+    python benchmarks/gate_end_to_end.py --main 1 --aa 10 --slow 10                  # day one, as planned
+    python benchmarks/gate_end_to_end.py --main 1 --launches 3 --aa 10 --slow 10     # day one, fixed: 3 launches
     python benchmarks/gate_end_to_end.py --suite e2e_p95 --main 4 --aa 10 --slow 0 --ci
     python benchmarks/gate_end_to_end.py --ab [--launches 6] [--aa 20] [--slow 10] [--slowdown 1.10]
 
 Every session is a separate pytest run of a suite (``--suite``: ``e2e_suite``, 3 tests gated on
 medians and goodput; ``e2e_p95``, one CI-sized test naming ttft_p95 and tpot_p95 at 20 req/s for
 10 s) against simulators launched with ``--launch-jitter 0.03`` (each launch draws its own speed,
-as each CI job gets its own GPU) and ``--step-jitter 0.02``, with the plugin's default trials
-(``--trials`` overrides) and ``--llmperf-launches L`` (the server launched L times per session,
-each launch serving every test). First ``--main`` sessions are saved as ``main``; then ``--aa``
+as each CI job gets its own GPU) and ``--step-jitter 0.02``, laid out as the plugin plans it
+(``--llmperf-plan auto``: main saved with the launches the plan chooses before any history, each
+gated session with those it chooses from main's saved noise; the plan's line is printed) unless
+``--launches L`` (``--llmperf-launches``) or ``--trials N`` fix the layout, or ``--plan fixed``. First ``--main`` sessions are saved as ``main``; then ``--aa``
 sessions run unchanged and ``--slow`` sessions with ``--slowdown`` are gated against main's
 history. A session is red when pytest exits non-zero. ``--ci`` sets ``CI=true`` (an invalid run
 or a statistic that cannot be judged then fails). Printed: each session's headline, the red
-counts, and the server launches and start-up seconds per session (from the report document).
+counts, and the server launches, trials per test and start-up seconds per session (from the
+report document).
 
 Targets (issue "Verdicts from the first day"): K = 1 / L = 3: at most 1 of 10 A/A sessions red,
 at least 8 of 10 red at ``--slowdown 1.15``; suite-wide A/B: at most 1 of 20 red, at least 9 of 10
@@ -53,34 +56,44 @@ def session(store: Path, report: Path, *args: str, sim_args: str = JITTER) -> tu
         env["CI"] = "true"
     suite = HERE / OPTS.suite
     trials = ["--llmperf-trials", str(OPTS.trials)] if OPTS.trials else []
+    launches = ["--llmperf-launches", str(OPTS.launches)] if OPTS.launches else []
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(suite), "--rootdir", str(suite),
-           f"--llmperf-store={store}", f"--llmperf-report-dir={report}", *trials,
-           "--llmperf-launches", str(OPTS.launches), "--llmperf-sim-args", sim_args, *args]
+           f"--llmperf-store={store}", f"--llmperf-report-dir={report}", *trials, *launches,
+           "--llmperf-plan", OPTS.plan, "--llmperf-sim-args", sim_args, *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
     LAUNCHES.append(_launches(report))
+    plan = next((ln for ln in proc.stdout.splitlines() if ln.startswith("llmperf: plan: ")), None)
+    if plan and plan not in PLANS:
+        PLANS.append(plan)
     return proc.returncode, proc.stdout
 
 
-LAUNCHES: list[tuple[int, float]] = []
+LAUNCHES: list[tuple[int, float, float]] = []
+PLANS: list[str] = []
 
 
-def _launches(report: Path) -> tuple[int, float]:
-    """(server launches, seconds of start-up) of one session, from its report document."""
+def _launches(report: Path) -> tuple[int, float, float]:
+    """(server launches, mean trials per run, seconds of start-up) of one session, from its report
+    document."""
     try:
         doc = json.loads((report / "llmperf.json").read_text())
     except (OSError, ValueError):
-        return 0, 0.0
+        return 0, 0.0, 0.0
     launches = doc.get("launches") or {}
     startup = launches.get("startup_s") or []
     if isinstance(startup, dict):  # A/B: per side
         startup = [s for side in startup.values() for s in side]
-    return int(launches.get("count") or len(startup) or 0), float(sum(startup))
+    trials = [len(run.get("trials") or []) for test in doc.get("tests") or [] for run in test.get("runs") or []]
+    return (int(launches.get("count") or len(startup) or 0), sum(trials) / len(trials) if trials else 0.0,
+            float(sum(startup)))
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--main", type=int, default=10, help="main sessions saved (K)")
-    parser.add_argument("--launches", type=int, default=None, help="server launches per session (L; A/B: blocks)")
+    parser.add_argument("--launches", type=int, default=None,
+                        help="server launches per session (L; A/B: blocks); default: the plan's")
+    parser.add_argument("--plan", default="auto", choices=["auto", "fixed"], help="--llmperf-plan (default auto)")
     parser.add_argument("--suite", default="e2e_suite", choices=["e2e_suite", "e2e_p95"])
     parser.add_argument("--trials", type=int, default=None, help="trials per test (default: the plugin's)")
     parser.add_argument("--ci", action="store_true", help="run every session with CI=true")
@@ -92,8 +105,8 @@ def main() -> int:
     args = parser.parse_args()
     global OPTS
     OPTS = args
-    if args.launches is None:  # A/B: the plugin's default blocks (one per default trial)
-        args.launches = DEFAULT_TRIALS if args.ab else 1
+    if args.launches is None and args.ab:  # A/B: the plugin's default blocks (one per default trial)
+        args.launches = DEFAULT_TRIALS
     if args.slowdown is None:
         args.slowdown = 1.10 if args.ab else 1.15
     start = time.perf_counter()
@@ -145,17 +158,22 @@ def report(results: dict[str, list[int]], args: argparse.Namespace, start: float
     slow_codes = results[f"slowdown {args.slowdown}"]
     slow_red = sum(1 for c in slow_codes if c)
     print()
-    print(f"K = {args.main} main session(s), L = {args.launches} launch(es) per session, suite {args.suite}"
-          f"{', CI=true' if args.ci else ''}")
+    layout = f"L = {args.launches} launch(es) per session" if args.launches else f"--llmperf-plan {args.plan}"
+    print(f"K = {args.main} main session(s), {layout}, suite {args.suite}{', CI=true' if args.ci else ''}")
+    for line in PLANS[:3]:
+        print(f"  {line}")
     print(f"A/A sessions red:          {aa_red} of {args.aa}")
     print(f"slowdown {args.slowdown} sessions red: {slow_red} of {args.slow}")
     target = ""
     print(f"wall time:                 {elapsed / 60:.1f} min{target}")
+    saved = LAUNCHES[:args.main] if not args.ab else []
     gated = LAUNCHES[args.main if not args.ab else 0:]
-    if gated:
-        n = sum(c for c, _ in gated) / len(gated)
-        s = sum(t for _, t in gated) / len(gated)
-        print(f"server launches per gated session: {n:.1f} ({s:.1f} s of start-up)")
+    for what, rows in (("main session", saved), ("gated session", gated)):
+        if rows:
+            n = sum(c for c, _, _ in rows) / len(rows)
+            tr = sum(t for _, t, _ in rows) / len(rows)
+            s = sum(x for _, _, x in rows) / len(rows)
+            print(f"per {what}: {n:.1f} server launches, {tr:.1f} trials a test ({s:.1f} s of start-up)")
     return 0
 
 

@@ -114,7 +114,7 @@ def test_a_slower_candidate_regresses_against_the_reference(pytester):
     assert result.ret == 1
     result.stdout.fnmatch_lines([
         "*performance regressed against the reference (sim *) in *",
-        "*REGRESSED: tpot_p50 * (+*%, 90% CI *, tolerance +5%, 3 A/B blocks)*",
+        "*REGRESSED: tpot_p50 * (+*%, 90% CI *, tolerance +5%, p = *, * after Bonferroni over *, 3 A/B blocks)*",
         "*against the reference (sim *): * regression*",
         "*reference launched * time(s), median start-up * s; candidate launched * time(s)*",
     ])

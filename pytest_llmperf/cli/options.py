@@ -182,9 +182,10 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("alpha", f"significance level of the regression test (default {DEFAULT_ALPHA:g})", DEFAULT_ALPHA,
                _fraction),
     OptionSpec("trials", "default number of trials per workload (a trial is a full run)", None, _positive_int),
-    OptionSpec("launches", "launch the server L times in the session (default 1), each launch serving every "
-               "selected perf test's share of the trials (ceil(trials / L) each), so launch-to-launch noise is "
-               "measured; in A/B mode, the number of blocks (each side launched once per block)", None, _positive_int),
+    OptionSpec("launches", "launch the server L times in the session (default: the plan's), each launch serving "
+               "every selected perf test's share of the trials (one each, or ceil(trials / L) with --llmperf-trials), "
+               "so launch-to-launch noise is measured; in A/B mode, the number of blocks (each side launched once "
+               "per block)", None, _positive_int),
     OptionSpec("plan", "how a saving or gated session picks launches and trials when neither --llmperf-launches nor "
                "--llmperf-trials is given: auto (the default) from the noise model, the cheapest in GPU-minutes that "
                "detects a whole-server +3x the tolerance (main saved with more launches, pull requests with fewer), "
