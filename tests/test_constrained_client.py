@@ -171,7 +171,7 @@ def test_a_streamed_tool_call_is_visible_output_and_checked():
     (({"content": "It is sunny."},), "no_call", "no tool call in the answer; tool_choice 'required' asks for a call"),
     ((call('{"city": "Oslo"}'),), "bad_arguments", "'days' is a required property"),
     ((call('{"city": "Oslo", "days": 0}'),), "bad_arguments", "at days: 0 is less than the minimum of 1"),
-    ((call('{"city": "Oslo", "days'),), "bad_arguments", "the arguments of weather is not JSON"),
+    ((call('{"city": "Oslo", "days'),), "bad_arguments", "the arguments of weather are not JSON"),
     ((call("{}", name="forecast"),), "unknown_function", "'forecast', which is not one of the tools offered"),
 ])
 def test_an_answer_that_misses_the_tools_is_invalid_not_failed(deltas, kind, why):

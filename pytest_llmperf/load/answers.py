@@ -139,33 +139,32 @@ def check_constrained(request: PreparedRequest, text: str, calls: list[dict[str,
                 return "unknown_function", f"a call to {name!r}, which is not one of the tools offered"
             if forced not in (None, "*") and name != forced:
                 return "unknown_function", f"a call to {name!r}; tool_choice forces {forced!r}"
-            why = _validate(call.get("arguments", ""), parameters, f"the arguments of {name}")
-            if why is not None:
-                return "bad_arguments", why
+            found = _validate(call.get("arguments", ""), parameters, f"the arguments of {name}", plural=True)
+            if found is not None:
+                return "bad_arguments", found[1]
         return None
     response_format = request.response_format
     if response_format is None:
         return None
     schema = response_format.schema if response_format.type == "json_schema" else {"type": "object"}
-    why = _validate(text, schema or {"type": "object"}, "the answer")
-    if why is None:
-        return None
-    return ("not_json" if "is not JSON" in why else "schema"), why
+    return _validate(text, schema or {"type": "object"}, "the answer")
 
 
-def _validate(text: str, schema: Any, what: str) -> str | None:
+def _validate(text: str, schema: Any, what: str, *, plural: bool = False) -> tuple[str, str] | None:
+    """Why ``text`` is not a JSON value of ``schema``, as (kind, text): ``not_json`` or ``schema``;
+    None when it is one. ``what`` names it in the text (``plural``: "the arguments of f")."""
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
-        return f"{what} is not JSON ({exc.msg} at character {exc.pos}): {_short(text)}"
+        return "not_json", f"{what} {'are' if plural else 'is'} not JSON ({exc.msg} at character {exc.pos}): " \
+                           f"{_short(text)}"
     from jsonschema.exceptions import best_match
 
     error = best_match(_validator(json.dumps(schema, sort_keys=True)).iter_errors(value))
     if error is None:
         return None
     where = "/".join(str(p) for p in error.absolute_path) or "(root)"
-    return f"{what} {'do' if what.startswith('the arguments') else 'does'} not match the schema at {where}: " \
-           f"{error.message}"
+    return "schema", f"{what} {'do' if plural else 'does'} not match the schema at {where}: {error.message}"
 
 
 @functools.lru_cache(maxsize=256)
