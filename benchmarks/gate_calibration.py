@@ -3,6 +3,7 @@ first weeks, a long history, and the sessions right after ``main`` moved, throug
 own code (``GateSession``, change detection and adaptive trials on) and priced in GPU minutes.
 
     python benchmarks/gate_calibration.py [--experiments 300] [--power-experiments 80] [--workers 2]
+        [--blocks rows step runner] [--runner-experiments 1000]
 
 Each experiment is one pull request: main's history of K saved sessions (CI jobs) of L server
 launches each, and one candidate job of L launches, drawn from the noise model of
@@ -31,6 +32,9 @@ rows what saving main costs. Then "main accepts a +10% step":
 K = 10 sessions of which the newest n carry the step, a clean PR (as fast as main now is): the
 red rate for n = 1..5. A last block adds a runner-to-runner spread beyond launches
 (``--runner-cv``), which one job's launches cannot see: the price of judging from one saved job.
+Its rows sit close to the 5% a clean PR may cost, so each draws ``--runner-experiments`` PRs
+(1000: a standard error of 0.7 points at 5%) rather than 300 (1.3 points). ``--blocks`` runs
+some of the three blocks only.
 """
 
 from __future__ import annotations
@@ -165,6 +169,9 @@ def main() -> int:
     parser.add_argument("--runner-cv", type=float, default=0.02)
     parser.add_argument("--layouts", nargs="+", choices=("before", "plan"), default=["before", "plan"],
                         help="which layouts to measure (module docstring)")
+    parser.add_argument("--runner-experiments", type=int, default=1000, help="clean pull requests per runner-spread row")
+    parser.add_argument("--blocks", nargs="+", choices=("rows", "step", "runner"), default=["rows", "step", "runner"],
+                        help="the blocks to run: the table, main accepting a step, a runner spread")
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     args = parser.parse_args()
     base = Case(1, 1, tests=args.tests)
@@ -179,11 +186,14 @@ def main() -> int:
     header = (f"{'layout':<12} {'K':>3} {'L':>4}  {'clean red':>9}  {'strict red':>10}  {'whole +10/+15/+20':>19}  "
               f"{'one stat +10/+15/+20':>22}  {'trials':>6}  {'GPU min':>7}")
     with ProcessPoolExecutor(args.workers) as pool:
-        print("\n" + header)
         rows = [(f"before L={launches}", replace(base, launches=launches)) for launches in (1, 3)
                 if "before" in args.layouts]
         if "plan" in args.layouts:
             rows.append(("plan", replace(base, plan=True)))
+        if "rows" not in args.blocks:
+            rows = []
+        else:
+            print("\n" + header)
         print(f"(plan: main saved as {main_layout(replace(base, plan=True)).describe()} before any history; "
               f"saving it costs {(lambda m: (m.launches * args.startup_s + SUITE_TESTS * m.trials * args.trial_s) / 60)(main_layout(replace(base, plan=True))):.0f} GPU-minutes)")
         for label, row in rows:
@@ -201,7 +211,7 @@ def main() -> int:
                       f"{'/'.join(f'{p:.0%}' for p in whole):>19}  {'/'.join(f'{p:.0%}' for p in one):>22}  "
                       f"{clean.trials:>6.1f}  {clean.gpu_min:>7.1f}", flush=True)
         for label, row in [(lbl, r) for lbl, r in (("before L=1", base), ("plan", replace(base, plan=True)))
-                           if lbl.split()[0] in args.layouts]:
+                           if lbl.split()[0] in args.layouts and "step" in args.blocks]:
             print(f"\n{label}: main accepts a +10% step (K = 10), clean PRs as fast as main now is: red rate when "
                   "the step is in main's newest n sessions")
             for what, effect in (("one statistic (tpot_p50 of one test)", ((0, "tpot_p50"), 1.10)),
@@ -212,16 +222,18 @@ def main() -> int:
                     rates.append(_rates(pool, moved, args.experiments // 2, 90_000_000 + 10_000 * n
                                         + (0 if effect[0][0] is None else 5_000) + 7 * row.plan).red)
                 print(f"  {what}: " + ", ".join(f"n={n}: {r:.1%}" for n, r in enumerate(rates, 1)))
-        print(f"\nwith a runner-to-runner spread of {args.runner_cv:.0%} beyond launches (clean PRs):")
+        if "runner" in args.blocks:
+            print(f"\nwith a runner-to-runner spread of {args.runner_cv:.0%} beyond launches "
+                  f"({args.runner_experiments} clean PRs a row):")
         noisy = replace(base.noise, runner_cv=args.runner_cv)
         for label, k, row in (("before L=3", 1, replace(base, launches=3)), ("before L=3", 3, replace(base, launches=3)),
                               ("before L=1", 10, base), ("before L=3", 10, replace(base, launches=3)),
                               ("plan", 1, replace(base, plan=True)), ("plan", 3, replace(base, plan=True)),
                               ("plan", 10, replace(base, plan=True))):
-            if label.split()[0] not in args.layouts:
+            if label.split()[0] not in args.layouts or "runner" not in args.blocks:
                 continue
             case = replace(row, sessions=k, noise=noisy)
-            r = _rates(pool, case, args.experiments, 70_000_000 + 1_000 * k + row.launches + 7 * row.plan)
+            r = _rates(pool, case, args.runner_experiments, 70_000_000 + 1_000 * k + row.launches + 7 * row.plan)
             print(f"  {label:<10} K={k:<2}: clean red {r.red:.1%}, strict red {r.strict:.1%}")
     print(f"\n{time.perf_counter() - start:.0f} s")
     return 0

@@ -116,18 +116,33 @@ SERIAL: dict[str, frozenset[str] | None] = {
 }
 
 
+# The parallel group's longest tests, started first: a long test handed out last runs alone on one
+# worker while the others sit idle.
+FIRST: dict[str, frozenset[str] | None] = {
+    "test_convert_vllm.py": frozenset({"test_the_text_suite_passes_on_the_simulator",
+                                       "test_the_multimodal_suite_passes_on_the_simulator"}),
+    "test_code_rules.py": frozenset({"test_mypy_is_clean"}),
+}
+
+
+def _listed(table: dict[str, frozenset[str] | None], item: pytest.Item) -> bool:
+    if item.path.parent != TESTS or item.path.name not in table:
+        return False
+    names = table[item.path.name]
+    return names is None or (getattr(item, "originalname", None) or item.name) in names
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        names = SERIAL.get(item.path.name, frozenset()) if item.path.parent == TESTS else frozenset()
-        name = getattr(item, "originalname", None) or item.name
-        if names is None or name in names or item.get_closest_marker("realengine"):
+        if _listed(SERIAL, item) or item.get_closest_marker("realengine"):
             item.add_marker(pytest.mark.serial)
+    items.sort(key=lambda item: not _listed(FIRST, item))  # stable: the rest keep their order
 
 
 def pytest_configure(config):
     # A renamed file or test would silently leave the serial group and run beside another worker.
     missing = []
-    for file, names in SERIAL.items():
+    for file, names in [*SERIAL.items(), *FIRST.items()]:
         path = TESTS / file
         if not path.is_file():
             missing.append(file)
@@ -135,4 +150,4 @@ def pytest_configure(config):
         source = path.read_text()
         missing.extend(f"{file}::{name}" for name in sorted(names or ()) if f"def {name}(" not in source)
     if missing:
-        raise pytest.UsageError(f"tests/conftest.py SERIAL names tests that do not exist: {', '.join(missing)}")
+        raise pytest.UsageError(f"tests/conftest.py SERIAL or FIRST names tests that do not exist: {', '.join(missing)}")

@@ -437,7 +437,8 @@ def test_draft(llmperf):
     if PHASE == "save":  # the same weights: greedy drafts all accepted, ~3 tokens a target step
         assert summary.spec_acceptance_rate == 1.0 and summary.spec_accept_length > 2.0, summary.spec_accept_length
     else:
-        assert summary.spec_acceptance_rate == 0.0 and summary.spec_accept_length == 1.0
+        # another seed's draft agrees (next to) never: ~1 token a target step
+        assert summary.spec_acceptance_rate < 0.05 and summary.spec_accept_length < 1.1, summary.spec_accept_length
 
 @slo(e2e_p95=5.0, error_rate=0.0)
 def test_lora(llmperf, llm_server):
