@@ -59,12 +59,12 @@ def test_too_few_requests_are_not_gated(pytester):
     result.stdout.fnmatch_lines([
         # said before any load is generated against the baseline ...
         "*what the gate can judge against 'main', before any load:*",
-        "*test_small: p99 cannot be judged*",
+        "*test_small: ttft_p99 cannot be judged*",
         # ... in the verdicts ...
         "*ttft_p99*NOT_GATED*",
         # ... and when a baseline is saved
         "*saved baseline 'main'*",
-        "*this baseline cannot gate test_small: p99 cannot be judged*",
+        "*this baseline cannot gate test_small: ttft_p99 cannot be judged*",
     ])
 
 

@@ -316,6 +316,6 @@ def test_smoke_scale_with_a_baseline_says_once_what_it_cannot_judge(pytester):
     smoke.stdout.fnmatch_lines([f"llmperf: --llmperf-duration-scale 0.1 {smoke_line}: shortened timed workloads are "
                                 "not those of a full-length baseline such as 'main' (*workload_hash), and at 0.1x "
                                 "that length the gate cannot judge, before any load:",
-                                "  test_chat: p90 cannot be judged: a trial of 8 requests*run longer trials"])
+                                "  test_chat: ttft_p90 cannot be judged: a trial of 8 requests*run longer trials"])
     # said before any load: ahead of the test's own progress line
     assert out.index(smoke_line) < out.index(f"{test_file} ")

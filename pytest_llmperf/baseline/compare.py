@@ -224,12 +224,12 @@ def precision_floor(entry: RunEntry, g: GatedStat, *, measured_spread: bool = Fa
         if worst[0] * tail >= MIN_BEYOND_MEASURED:
             return None
         need = math.ceil(MIN_BEYOND_MEASURED / tail - 1e-9)
-        return (f"{g.stat} cannot be judged: a trial of {worst[1]} {unit} has ~{worst[1] * tail:.1f} beyond the "
+        return (f"{g.key} cannot be judged: a trial of {worst[1]} {unit} has ~{worst[1] * tail:.1f} beyond the "
                 f"{g.stat}; {need} {unit} per trial needed for {MIN_BEYOND_MEASURED} beyond it; run longer trials")
     if worst[0] * tail >= MIN_BEYOND_PER_TRIAL:
         return None
     need = math.ceil(MIN_BEYOND_PER_TRIAL / tail)
-    return (f"{g.stat} cannot be judged: a trial of {worst[1]} {unit} is worth ~{worst[0]:.0f} independent ones, "
+    return (f"{g.key} cannot be judged: a trial of {worst[1]} {unit} is worth ~{worst[0]:.0f} independent ones, "
             f"{need} needed for {MIN_BEYOND_PER_TRIAL} beyond the {g.stat}; run longer trials")
 
 
