@@ -7,8 +7,7 @@
 #                                    of the time, which a third worker on 2 cores fills);
 #   2. pytest -m serial              tests whose assertions depend on measured time (latencies,
 #                                    rates, lags, wall-clock bounds), signals, and the real
-#                                    engines: one at a time, at the same time as run 1, which
-#                                    gets only the CPU this run leaves idle (below).
+#                                    engines: alone, one at a time, after the first run.
 #
 # The serial group is the SERIAL table in tests/conftest.py (plus every `realengine` test). Both
 # runs always run; the command fails when either fails, and a run that selects no test (pytest's
@@ -64,43 +63,15 @@ workers=${LLMPERF_TEST_WORKERS:-$((cores + 1))}
 xdist=()
 [ "$workers" != 0 ] && xdist=(-n "$workers")
 # No path here: pytest's testpaths (tests/) applies unless the arguments name their own.
-#
-# The two runs overlap: the serial run measures time but leaves most of the CPU idle (its sessions
-# wait on wall-clock load), and the parallel run, which times nothing, takes only what it leaves:
-# it runs under SCHED_IDLE (chrt --idle), the Linux policy whose tasks get a CPU only when no
-# other task wants it, so the serial run's client, servers and engines are never kept waiting.
-# Its output is printed after the serial run's. Where chrt is missing (not Linux), or with
-# LLMPERF_TEST_OVERLAP=0, the runs go one after the other as before.
 set +e
-overlap=0
-if [ "${LLMPERF_TEST_OVERLAP:-1}" != "0" ] && command -v chrt >/dev/null 2>&1 && chrt --idle 0 true 2>/dev/null; then
-  overlap=1
-fi
-parallel_log=$(mktemp)
-parallel_tmp=$(mktemp -d)  # its own pytest temp root: two pytest runs would prune each other's
-parallel=(.venv/bin/python -m pytest -q ${xdist[@]+"${xdist[@]}"} -m "not serial" "$@")
-if [ "$overlap" = 1 ]; then
-  echo "== 1/2 pytest ${xdist[*]-} -m \"not serial\" (tests that time nothing, in parallel, at idle CPU priority beside run 2)"
-  PYTEST_DEBUG_TEMPROOT="$parallel_tmp" chrt --idle 0 "${parallel[@]}" >"$parallel_log" 2>&1 &
-  parallel_pid=$!
-else
-  echo "== 1/2 pytest ${xdist[*]-} -m \"not serial\" (tests that time nothing, in parallel)"
-  PYTEST_DEBUG_TEMPROOT="$parallel_tmp" "${parallel[@]}"
-  parallel_rc=$?
-fi
+echo "== 1/2 pytest ${xdist[*]-} -m \"not serial\" (tests that time nothing, in parallel)"
+.venv/bin/python -m pytest -q ${xdist[@]+"${xdist[@]}"} -m "not serial" "$@"
+parallel_rc=$?
 echo
 echo "== 2/2 pytest -m serial (timing-sensitive tests, one at a time)"
 # The slowest serial tests are listed: that group is most of the command's time.
 .venv/bin/python -m pytest -q -m serial --durations=15 "$@"
 serial_rc=$?
-if [ "$overlap" = 1 ]; then
-  wait "$parallel_pid"
-  parallel_rc=$?
-  echo
-  echo "== 1/2, its output:"
-  cat "$parallel_log"
-fi
-rm -rf "$parallel_log" "$parallel_tmp"
 set -e
 
 echo
