@@ -24,7 +24,7 @@ import pytest
 
 from pytest_llmperf.errors import LLMPerfWarning, pytest_flag
 from pytest_llmperf.plugin.launch_plan import LaunchPlan
-from pytest_llmperf.plugin.modes import CapacityMeasured, CapacityTurn, Measured, Stopped, server_report
+from pytest_llmperf.plugin.modes import CapacityMeasured, CapacityTurn, Measured, PassState, Stopped, server_report
 from pytest_llmperf.results import at_launch, merge_runs
 from pytest_llmperf.servers.pair import CANDIDATE, REFERENCE, SIDES, ServerPair, SideFailed
 
@@ -38,14 +38,13 @@ if TYPE_CHECKING:
     from pytest_llmperf.servers.manager import ServerInfo, ServerManager
 
 
-class ABPairSession:
+class ABPairSession(PassState):
     """The candidate and the reference in ABBA blocks (module docstring)."""
 
     def __init__(self, candidate: ServerManager, reference: ServerManager, blocks: int,
                  reference_url: str | None = None) -> None:
         self._pair = ServerPair(candidate, reference)
-        self._plan = LaunchPlan(blocks, ab=True)
-        self._pass_index = self._plan.passes - 1
+        super().__init__(LaunchPlan(blocks, ab=True))
         self._reference_url = reference_url
         self._stopped: Stopped | None = None
         # The runs each side measured, by run key and side, with their block; capacity searches
@@ -54,18 +53,6 @@ class ABPairSession:
         self._earlier_capacity: dict[str, tuple[str, CapacityResult]] = {}
 
     # ------------------------------------------------------------------ passes and the servers
-
-    @property
-    def plan(self) -> LaunchPlan:
-        return self._plan
-
-    @property
-    def pass_index(self) -> int:
-        return self._pass_index
-
-    @property
-    def last_pass(self) -> bool:
-        return self._pass_index == self._plan.passes - 1
 
     @property
     def stopped(self) -> Stopped | None:

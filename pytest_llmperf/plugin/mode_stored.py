@@ -19,7 +19,7 @@ import pytest
 
 from pytest_llmperf.errors import pytest_flag
 from pytest_llmperf.plugin.launch_plan import LaunchPlan
-from pytest_llmperf.plugin.modes import CapacityMeasured, CapacityTurn, Measured, server_report
+from pytest_llmperf.plugin.modes import CapacityMeasured, CapacityTurn, Measured, PassState, server_report
 from pytest_llmperf.results import merge_runs
 from pytest_llmperf.servers.manager import ServerUnavailable
 from pytest_llmperf.stats import DEFAULT_TRIALS
@@ -36,30 +36,17 @@ if TYPE_CHECKING:
 ADAPTIVE_FIRST = 3
 
 
-class StoredBaselineSession:
+class StoredBaselineSession(PassState):
     """One launch of the server for the whole suite (module docstring)."""
 
     def __init__(self, servers: ServerManager, plan: LaunchPlan | None = None) -> None:
         self._servers = servers
-        self._plan = plan or LaunchPlan(1)
-        self._pass_index = self._plan.passes - 1  # one pass: it is the last
+        super().__init__(plan or LaunchPlan(1))
         self._relaunch = False
         self._server_failed = False
         self._remote_launch_times_s: list[float] = []  # under pytest-xdist, on the controller
 
     # ------------------------------------------------------------------ passes and the server
-
-    @property
-    def plan(self) -> LaunchPlan:
-        return self._plan
-
-    @property
-    def pass_index(self) -> int:
-        return self._pass_index
-
-    @property
-    def last_pass(self) -> bool:
-        return self._pass_index == self._plan.passes - 1
 
     @property
     def stopped(self) -> Stopped | None:

@@ -97,6 +97,27 @@ class Stopped:
     side: str
 
 
+class PassState:
+    """The launch plan a mode session follows and the pass it is in: what every mode shares. A
+    session starts in its plan's last pass (one pass: it is the last) until it begins passes."""
+
+    def __init__(self, plan: LaunchPlan) -> None:
+        self._plan = plan
+        self._pass_index = plan.passes - 1
+
+    @property
+    def plan(self) -> LaunchPlan:
+        return self._plan
+
+    @property
+    def pass_index(self) -> int:
+        return self._pass_index
+
+    @property
+    def last_pass(self) -> bool:
+        return self._pass_index == self._plan.passes - 1
+
+
 class ModeSession(Protocol):
     """What the session asks of its mode (module docstring)."""
 
@@ -193,4 +214,4 @@ def server_report(info: ServerInfo | None) -> ServerReport | None:
                         startup_s=info.startup_s, launched=info.launched)
 
 
-__all__ = ["CapacityMeasured", "CapacityTurn", "Measured", "ModeSession", "RunRequest", "Stopped", "server_report"]
+__all__ = ["CapacityMeasured", "CapacityTurn", "Measured", "ModeSession", "PassState", "RunRequest", "Stopped", "server_report"]
