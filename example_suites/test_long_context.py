@@ -10,7 +10,7 @@ from pytest_llmperf import Workload, slo
 @pytest.mark.parametrize("cache", ["cold", "warm"])
 def test_long_context(llmperf, cache):
     result = llmperf.run(
-        Workload(input_tokens=8192, output_tokens=128, rate_rps=2, duration_s=8, warmup_s=1, cache=cache)
+        Workload(input_tokens=8192, output_tokens=128, rate_rps=2, duration_s=4, warmup_s=0.5, cache=cache)
     )
     # At least half of rate x duration completed per trial; result.workload is the workload as run,
     # so the bound scales with --llmperf-duration-scale.

@@ -15,7 +15,7 @@ from pytest_llmperf import Workload, slo
 @pytest.mark.parametrize("cache", ["cold", "warm"])
 def test_short_chat(llmperf, cache):
     result = llmperf.run(
-        Workload(input_tokens=256, output_tokens=128, rate_rps=14, duration_s=5, warmup_s=1, cache=cache)
+        Workload(input_tokens=256, output_tokens=128, rate_rps=14, duration_s=3, warmup_s=0.5, cache=cache)
     )
     # result.workload is the workload as run (--llmperf-duration-scale shortens duration_s), so the
     # bound scales with the run: at least half the expected rate x duration completed per trial.

@@ -34,7 +34,7 @@ def test_dataset_prompts(llmperf, tmp_path):
                            {"role": "user", "content": " ".join(words) * 3}]} for _ in range(10)]
     path = tmp_path / "prompts.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    result = llmperf.run(Workload(rate_rps=8, duration_s=5, warmup_s=1, output_tokens=64,
+    result = llmperf.run(Workload(rate_rps=8, duration_s=3, warmup_s=0.5, output_tokens=64,
                                   dataset={"path": str(path), "min_input_tokens": 16, "max_input_tokens": 400}))
     assert all(r.prompt_tokens == r.prompt_tokens_expected for r in result.records if r.ok)
 
@@ -45,7 +45,7 @@ def test_dataset_prompts(llmperf, tmp_path):
 def test_multi_turn_chat(llmperf):
     """A long first message (a pasted document), short follow-ups: from the second turn on the
     history is served from the prefix cache, so TTFT drops."""
-    result = llmperf.run(Workload(input_tokens=3000, output_tokens=64, rate_rps=2, duration_s=6,
+    result = llmperf.run(Workload(input_tokens=3000, output_tokens=64, rate_rps=2, duration_s=4,
                                   conversation={"turns": 3, "think_time_s": 0.5, "followup_tokens": 64}))
     by_turn = result.summary.by_type
     assert by_turn["turn2"].ttft_s.p50 < by_turn["turn1"].ttft_s.p50
@@ -56,7 +56,7 @@ def test_multi_turn_chat(llmperf):
 def test_cache_hit_target(llmperf):
     """Prompts built so that 60% of their tokens should come from the prefix cache; the run fails
     when the server's counters measure more than 5 points off."""
-    result = llmperf.run(Workload(input_tokens=1024, output_tokens=32, rate_rps=10, duration_s=5,
+    result = llmperf.run(Workload(input_tokens=1024, output_tokens=32, rate_rps=10, duration_s=3,
                                   warmup_requests=3, cache_hit_target=0.6))
     assert result.cache_check.held is not False
 
@@ -64,6 +64,6 @@ def test_cache_hit_target(llmperf):
 @slo(ttft_p95=0.5, error_rate=0.01)
 def test_ramp_with_concurrency_cap(llmperf):
     """Ramp to 20 req/s over 2 s (excluded from statistics like warm-up), never more than 16 in flight."""
-    result = llmperf.run(Workload(input_tokens=512, output_tokens=64, rate_rps=20, ramp_s=2, duration_s=5,
+    result = llmperf.run(Workload(input_tokens=512, output_tokens=64, rate_rps=20, ramp_s=2, duration_s=3,
                                   max_concurrency=16))
     assert result.summary.warmup_requests > 0

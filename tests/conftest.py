@@ -116,6 +116,14 @@ SERIAL: dict[str, frozenset[str] | None] = {
 }
 
 
+# Real-engine tests that check plumbing and counts, never speed, and spend most of their time in
+# vLLM's CPU build (its start-up alone is 18-30 s a launch): scripts/test.sh runs them beside the
+# serial run, in a pytest run of their own, with the engine's processes at the idle CPU priority
+# (SCHED_IDLE), so they take only the CPU the timing-sensitive tests leave. Their own client stays
+# at normal priority: a starved client falls behind its schedule, which makes a run invalid.
+BESIDE_SERIAL = frozenset({"test_realengine_vllm.py", "test_realengine_vllm_kinds.py"})
+
+
 # The parallel group's longest tests, started first: a long test handed out last runs alone on one
 # worker while the others sit idle.
 FIRST: dict[str, frozenset[str] | None] = {
@@ -136,13 +144,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if _listed(SERIAL, item) or item.get_closest_marker("realengine"):
             item.add_marker(pytest.mark.serial)
+            if item.path.parent == TESTS and item.path.name in BESIDE_SERIAL:
+                item.add_marker(pytest.mark.beside_serial)
     items.sort(key=lambda item: not _listed(FIRST, item))  # stable: the rest keep their order
 
 
 def pytest_configure(config):
     # A renamed file or test would silently leave the serial group and run beside another worker.
     missing = []
-    for file, names in [*SERIAL.items(), *FIRST.items()]:
+    for file, names in [*SERIAL.items(), *FIRST.items(), *((name, None) for name in BESIDE_SERIAL)]:
         path = TESTS / file
         if not path.is_file():
             missing.append(file)
@@ -150,4 +160,4 @@ def pytest_configure(config):
         source = path.read_text()
         missing.extend(f"{file}::{name}" for name in sorted(names or ()) if f"def {name}(" not in source)
     if missing:
-        raise pytest.UsageError(f"tests/conftest.py SERIAL or FIRST names tests that do not exist: {', '.join(missing)}")
+        raise pytest.UsageError(f"tests/conftest.py SERIAL, FIRST or BESIDE_SERIAL names tests that do not exist: {', '.join(missing)}")

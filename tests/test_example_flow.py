@@ -12,8 +12,8 @@ those tests). The other suites are synthetic lengths at a rate or a concurrency,
 ``scripts/demo.sh``, the README's first command, runs every suite at full length against its
 absolute SLO limits.
 
-Sized for a shared 2-core machine: the README's smoke scale, ``--llmperf-duration-scale 0.3``,
-and one trial per workload. The scale shortens timed and request-bounded workloads alike; trace
+Sized for a shared 2-core machine: ``--llmperf-duration-scale 0.5`` (their timed workloads run
+3-4 s in the demo, so 1.5-2 s here) and one trial per workload. The scale shortens timed and request-bounded workloads alike; trace
 replays keep their rows. A simulator at twice its model's speed (``--time-scale 0.5``) with a
 smaller scale halved the sessions but made the client's own jitter a large part of each 3.5 ms
 inter-token gap: an A/A pair read itl_p99 REGRESSED +50% on a busy machine.
@@ -38,7 +38,7 @@ def test_save_main_then_gate_the_same_code_against_it(pytester):
     shutil.copytree(EXAMPLES, pytester.path / "example_suites",
                     ignore=shutil.ignore_patterns("__pycache__", ".llmperf", ".pytest_cache"))
     store = pytester.path / "store"
-    common = (*SUITES, f"--llmperf-store={store}", "--llmperf-plots", "off", "--llmperf-duration-scale", "0.3",
+    common = (*SUITES, f"--llmperf-store={store}", "--llmperf-plots", "off", "--llmperf-duration-scale", "0.5",
               "--llmperf-trials", "1", "-p", "no:cacheprovider")
 
     saved = pytester.runpytest_subprocess(*common, "--llmperf-save", "main",
