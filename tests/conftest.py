@@ -38,7 +38,8 @@ def _not_in_ci(monkeypatch):
 
 # ---------------------------------------------------------------------- the serial group
 #
-# scripts/test.sh runs `pytest -n 2 -m "not serial"`, then `pytest -m serial` alone. A test is
+# scripts/test.sh runs `pytest -n N -m "not serial"`, then the serial tests alone (BESIDE_SERIAL's
+# real-engine tests in a run of their own beside them, the engine at idle priority). A test is
 # serial when an assertion depends on measured time (latencies, rates, lags, wall-clock bounds) or
 # on signals: beside a second busy worker on a 2-core machine it would measure the other worker.
 # Listed here (file -> test function names, or None for the whole file) rather than marked in each
