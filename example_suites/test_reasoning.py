@@ -9,7 +9,8 @@ from pytest_llmperf import Workload, slo
 @slo(ttfvt_p50=2.5, ttfvt_p95=3.0, ttft_p95=0.3, error_rate=0.01)
 def test_reasoning_time_to_visible_answer(llmperf):
     result = llmperf.run(
-        Workload(input_tokens=512, output_tokens=384, rate_rps=3, duration_s=3, warmup_s=0.5,
+        # 12 requests a trial, so the medians are judged against main (5 requests beyond each)
+        Workload(input_tokens=512, output_tokens=384, rate_rps=4, num_requests=12, warmup_requests=1,
                  sampling={"chat_template_kwargs": {"enable_thinking": True}})
     )
     s = result.summary

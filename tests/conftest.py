@@ -122,7 +122,7 @@ SERIAL: dict[str, frozenset[str] | None] = {
 # serial run, in a pytest run of their own, with the engine's processes at the idle CPU priority
 # (SCHED_IDLE), so they take only the CPU the timing-sensitive tests leave. Their own client stays
 # at normal priority: a starved client falls behind its schedule, which makes a run invalid.
-BESIDE_SERIAL = frozenset({"test_realengine_vllm.py", "test_realengine_vllm_kinds.py"})
+BESIDE_SERIAL: dict[str, frozenset[str] | None] = {"test_realengine_vllm.py": None, "test_realengine_vllm_kinds.py": None}
 
 
 # The parallel group's longest tests, started first: a long test handed out last runs alone on one
@@ -145,7 +145,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if _listed(SERIAL, item) or item.get_closest_marker("realengine"):
             item.add_marker(pytest.mark.serial)
-            if item.path.parent == TESTS and item.path.name in BESIDE_SERIAL:
+            if _listed(BESIDE_SERIAL, item):
                 item.add_marker(pytest.mark.beside_serial)
     items.sort(key=lambda item: not _listed(FIRST, item))  # stable: the rest keep their order
 
@@ -153,7 +153,7 @@ def pytest_collection_modifyitems(config, items):
 def pytest_configure(config):
     # A renamed file or test would silently leave the serial group and run beside another worker.
     missing = []
-    for file, names in [*SERIAL.items(), *FIRST.items(), *((name, None) for name in BESIDE_SERIAL)]:
+    for file, names in [*SERIAL.items(), *FIRST.items(), *BESIDE_SERIAL.items()]:
         path = TESTS / file
         if not path.is_file():
             missing.append(file)

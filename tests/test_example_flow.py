@@ -13,8 +13,8 @@ those tests). The other suites are synthetic lengths at a rate or a concurrency,
 absolute SLO limits.
 
 Sized for a shared 2-core machine: ``--llmperf-duration-scale 0.5`` (their timed workloads run
-3-4 s in the demo, so 1.5-2 s here) and one trial per workload. The scale shortens timed and request-bounded workloads alike; trace
-replays keep their rows. A simulator at twice its model's speed (``--time-scale 0.5``) with a
+3-4 s in the demo, so 1.5-2 s here) and one trial per workload. The scale shortens timed and
+request-bounded workloads alike; trace replays keep their rows. A simulator at twice its model's speed (``--time-scale 0.5``) with a
 smaller scale halved the sessions but made the client's own jitter a large part of each 3.5 ms
 inter-token gap: an A/A pair read itl_p99 REGRESSED +50% on a busy machine.
 """

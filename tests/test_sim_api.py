@@ -213,6 +213,10 @@ def test_metrics_parse_and_count_prefix_hits(client):
     hits = after[("vllm:prefix_cache_hits_total", labels)] - before[("vllm:prefix_cache_hits_total", labels)]
     queries = after[("vllm:prefix_cache_queries_total", labels)] - before[("vllm:prefix_cache_queries_total", labels)]
     assert queries == 2 * 401 and hits == 400  # the repeat reuses every full block (BOS + 400 words)
+    # vLLM's /reset_prefix_cache, which the client calls before each trial: the same prompt misses
+    assert client.post("/reset_prefix_cache").status_code == 200
+    client.post("/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 2, "ignore_eos": True})
+    assert scrape()[("vllm:prefix_cache_hits_total", labels)] == after[("vllm:prefix_cache_hits_total", labels)]
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
                  "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:num_preemptions_total",
                  "vllm:time_to_first_token_seconds_count", "vllm:e2e_request_latency_seconds_count"):

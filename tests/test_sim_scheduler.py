@@ -152,6 +152,19 @@ def test_lru_eviction_keeps_recent_prefixes():
     assert pool.free_blocks == 1
 
 
+def test_reset_prefix_cache_drops_idle_blocks_and_keeps_those_in_use():
+    pool = BlockPool(4)
+    pool.allocate(2)
+    assert pool.register(11) and pool.register(12)
+    idle, held = [11], [12]
+    pool.release(0, idle)  # 11 is cached and unreferenced; 12 still held by a running sequence
+    assert pool.reset_prefix_cache() == 1
+    assert pool.count_hits([11], 1) == (0, 0) and pool.count_hits([12], 1) == (1, 0)
+    assert pool.num_cached_blocks == 1 and pool.free_blocks == 3
+    pool.release(0, held)
+    assert pool.reset_prefix_cache() == 1 and pool.num_cached_blocks == 0 and pool.free_blocks == 4
+
+
 def test_abort_frees_blocks_and_is_idempotent():
     c = core()
     s = seq(200, 100)

@@ -466,6 +466,7 @@ _SIM = EnginePreset(
     version_dist="pytest-llmperf",
     length_style=LENGTH_IGNORE_EOS_MIN_TOKENS,
     needs_model=False,
+    reset_cache_path="/reset_prefix_cache",  # as vLLM's: every trial starts from an empty prefix cache
     install_hint="the simulator ships with pytest-llmperf: reinstall it (pip install pytest-llmperf)",
 )
 

@@ -154,6 +154,10 @@ def build_app(config: SimConfig | None = None) -> Starlette:
     async def metrics(request: Request) -> Response:
         return Response(state.metrics.render(), media_type=METRICS_CONTENT_TYPE)
 
+    async def reset_prefix_cache(request: Request) -> Response:
+        state.engine.core.pool.reset_prefix_cache()
+        return Response(status_code=200)
+
     routes = [
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/chat/completions", chat, methods=["POST"]),
@@ -167,6 +171,7 @@ def build_app(config: SimConfig | None = None) -> Starlette:
         Route("/health", health, methods=["GET"]),
         Route("/version", version, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        Route("/reset_prefix_cache", reset_prefix_cache, methods=["POST"]),
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.sim = state

@@ -114,6 +114,16 @@ class BlockPool:
         self.anon_used -= 1
         return True
 
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached block no running sequence holds (vLLM's ``/reset_prefix_cache``,
+        which the client calls before each trial so no trial starts warm from the one before);
+        returns how many were dropped. Blocks in use stay: their sequences still need them."""
+        dropped = len(self._evictable)
+        for h in self._evictable:
+            del self._refcount[h]
+        self._evictable.clear()
+        return dropped
+
     def release(self, anon_blocks: int, refs: list[int]) -> None:
         """Give back a sequence's blocks. Tail blocks are queued for eviction first (vLLM order)."""
         self.anon_used -= anon_blocks
